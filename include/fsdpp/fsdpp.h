@@ -1,0 +1,9 @@
+#pragma once
+// fsdpp: PyTorch's distributed data-parallel training stack for the libtorch C++ frontend.
+#include <fsdpp/collectives.h>
+#include <fsdpp/comm_debug_mode.h>
+#include <fsdpp/device_mesh.h>
+#include <fsdpp/error.h>
+#include <fsdpp/memory.h>
+#include <fsdpp/process_group.h>
+#include <fsdpp/work.h>

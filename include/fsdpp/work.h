@@ -1,0 +1,27 @@
+#pragma once
+// The handle an asynchronous collective returns (c10d's Work, PyTorch's `async_op=True`).
+#include <chrono>
+#include <memory>
+
+namespace fsdpp {
+
+namespace detail {
+struct WorkState;
+}
+
+class Work {
+ public:
+  // A default Work is already complete.
+  Work() = default;
+  explicit Work(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
+
+  // Blocks until the collective finished; throws fsdpp::Error if it failed or
+  // timed out (the message names the collective, the group and the rank).
+  void wait() const;
+  bool is_completed() const;
+
+ private:
+  std::shared_ptr<detail::WorkState> state_;
+};
+
+}  // namespace fsdpp

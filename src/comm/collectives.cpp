@@ -1,0 +1,398 @@
+#include <fsdpp/collectives.h>
+
+#include <numeric>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <fsdpp/comm_debug_mode.h>
+#include <fsdpp/error.h>
+
+#include "comm/process_group_impl.h"
+#include "comm/wire_bytes.h"
+
+namespace fsdpp {
+namespace {
+
+using detail::ProcessGroupImpl;
+
+// What a rank is about to do, compared across ranks before each collective
+// (check_collectives) so that a mismatch is an error, not a hang or garbage.
+struct Intent {
+  enum Field { kKind, kSeq, kDtype, kInput, kOutput, kOp, kRoot, kExtra, kFields };
+  std::vector<int64_t> fields = std::vector<int64_t>(kFields, -1);
+  std::vector<int64_t> extra;  // all_to_all_single: this rank's input then output split sizes
+};
+
+const char* const kKindNames[] = {"all_reduce",     "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
+                                  "all_to_all_single", "barrier", "broadcast_bytes"};
+enum Kind { kAllReduce, kBroadcast, kAllGather, kReduceScatter, kAllToAll, kBarrier, kBroadcastBytes };
+
+std::string shape_of(const at::Tensor& t) {
+  std::ostringstream out;
+  out << t.sizes() << " " << t.scalar_type();
+  return out.str();
+}
+
+std::string describe(const std::vector<int64_t>& f) {
+  std::ostringstream out;
+  int64_t kind = f[Intent::kKind];
+  out << (kind >= 0 && kind <= kBroadcastBytes ? kKindNames[kind] : "?") << " #" << f[Intent::kSeq];
+  if (f[Intent::kDtype] >= 0) out << " " << c10::toString(static_cast<at::ScalarType>(f[Intent::kDtype]));
+  if (f[Intent::kInput] >= 0) out << " input " << f[Intent::kInput] << " elements";
+  if (f[Intent::kOutput] >= 0) out << " output " << f[Intent::kOutput] << " elements";
+  if (f[Intent::kOp] >= 0) out << " op " << to_string(static_cast<ReduceOp>(f[Intent::kOp]));
+  if (f[Intent::kRoot] >= 0) out << " src rank " << f[Intent::kRoot];
+  return out.str();
+}
+
+std::vector<at::Tensor> exchange(const ProcessGroupImpl& g, const std::vector<int64_t>& values) {
+  at::Tensor mine = at::tensor(values, at::kLong);
+  std::vector<at::Tensor> inputs{mine};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int i = 0; i < g.size(); ++i) outputs[0].push_back(at::empty_like(mine));
+  g.backend->allgather(outputs, inputs)->wait(g.timeout);
+  return outputs[0];
+}
+
+void check_intent(const ProcessGroupImpl& g, const Intent& intent) {
+  auto all = exchange(g, intent.fields);
+  std::ostringstream mismatch;
+  for (int r = 0; r < g.size(); ++r) {
+    if (!all[r].equal(all[g.rank])) {
+      mismatch << "ranks of " << g.name << " disagree on a collective: ";
+      for (int q = 0; q < g.size(); ++q) {
+        auto f = all[q];
+        std::vector<int64_t> v(f.data_ptr<int64_t>(), f.data_ptr<int64_t>() + f.numel());
+        mismatch << (q ? "; " : "") << "rank " << g.ranks[q] << ": " << describe(v);
+      }
+      throw Error(mismatch.str());
+    }
+  }
+  if (intent.extra.empty()) return;
+  // all_to_all_single: what rank i sends to j must be what j expects from i.
+  auto splits = exchange(g, intent.extra);
+  const int n = g.size();
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      int64_t sends = splits[i].data_ptr<int64_t>()[j];
+      int64_t expects = splits[j].data_ptr<int64_t>()[n + i];
+      if (sends != expects)
+        throw Error("all_to_all_single: rank " + std::to_string(g.ranks[i]) + " sends " + std::to_string(sends) +
+                    " elements to rank " + std::to_string(g.ranks[j]) + ", which expects " + std::to_string(expects));
+    }
+}
+
+// A view of the same bytes as a dtype Gloo accepts (it rejects bfloat16 and int16), for
+// collectives that only move bytes: no arithmetic happens on them.
+at::Tensor as_wire(const at::Tensor& t) {
+  at::Tensor flat = t.reshape({-1});
+  switch (t.element_size()) {
+    case 1: return flat.view(at::kByte);
+    case 2: return flat.view(at::kHalf);
+    case 4: return flat.view(at::kInt);
+    default: return flat.view(at::kLong);
+  }
+}
+
+bool gloo_can_reduce(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kChar: case at::kByte: case at::kInt: case at::kLong:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void require_tensor(const at::Tensor& t, const char* collective, const char* role) {
+  if (!t.defined()) throw Error(std::string(collective) + ": the " + role + " tensor is undefined");
+  if (!t.is_contiguous()) throw Error(std::string(collective) + ": the " + role + " tensor " + shape_of(t) + " is not contiguous");
+  if (t.is_sparse()) throw Error(std::string(collective) + ": the " + role + " tensor is sparse");
+}
+
+void require_op_for(ReduceOp op, at::ScalarType dtype, const char* collective) {
+  if (op == ReduceOp::AVG && !at::isFloatingType(dtype))
+    throw Error(std::string(collective) + ": AVG needs a floating-point tensor, got " + c10::toString(dtype));
+  if (dtype == at::kBool || at::isComplexType(dtype))
+    throw Error(std::string(collective) + ": cannot reduce a " + c10::toString(dtype) + " tensor");
+}
+
+void wait_all(const ProcessGroupImpl& g, std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+  for (auto& w : works) w->wait(g.timeout);
+}
+
+// Sums (or min/max) the group's chunks, laid out [size, chunk] in `parts`, into `out`.
+// Half precision sums in float32 so that a bf16 reduction loses no more than its storage.
+void reduce_chunks(const at::Tensor& parts, const at::Tensor& out, ReduceOp op, int size) {
+  at::Tensor flat_out = out.reshape({-1});
+  const bool low_precision = parts.scalar_type() == at::kBFloat16 || parts.scalar_type() == at::kHalf;
+  at::Tensor p = low_precision ? parts.to(at::kFloat) : parts;
+  at::Tensor reduced;
+  switch (op) {
+    case ReduceOp::SUM: reduced = p.sum(0); break;
+    case ReduceOp::AVG: reduced = p.sum(0).div_(size); break;
+    case ReduceOp::MIN: reduced = std::get<0>(p.min(0)); break;
+    case ReduceOp::MAX: reduced = std::get<0>(p.max(0)); break;
+  }
+  flat_out.copy_(reduced);
+}
+
+// all_gather as N-1 concurrent point-to-point exchanges straight into output's chunks:
+// no staging copy, and each rank sends its input once to each peer, (N-1)/N of output.
+void run_all_gather(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input) {
+  const int n = g.size(), r = g.rank;
+  at::Tensor chunks = as_wire(output).view({n, -1});
+  at::Tensor in = as_wire(input);
+  chunks[r].copy_(in);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (int step = 1; step < n; ++step) {
+    std::vector<at::Tensor> send{in};
+    std::vector<at::Tensor> recv{chunks[(r - step + n) % n]};
+    works.push_back(g.backend->send(send, (r + step) % n, 0));
+    works.push_back(g.backend->recv(recv, (r - step + n) % n, 0));
+  }
+  wait_all(g, works);
+}
+
+// reduce_scatter as one all-to-all (rank j receives every rank's chunk j) and a local
+// reduction: (N-1)/N of input on the wire, where allreduce-then-slice would send twice that.
+void run_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  const int n = g.size();
+  at::Tensor received = at::empty({input.numel()}, input.options());
+  at::Tensor recv_wire = as_wire(received), send_wire = as_wire(input);
+  std::vector<int64_t> equal;
+  g.backend->alltoall_base(recv_wire, send_wire, equal, equal)->wait(g.timeout);
+  reduce_chunks(received.view({n, -1}), output, op, n);
+}
+
+// For dtypes Gloo cannot reduce (bfloat16): reduce_scatter then all_gather on a padded copy.
+void run_all_reduce_by_scatter_gather(const ProcessGroupImpl& g, const at::Tensor& tensor, ReduceOp op) {
+  const int n = g.size();
+  const int64_t numel = tensor.numel(), chunk = (numel + n - 1) / n;
+  at::Tensor padded = at::zeros({chunk * n}, tensor.options());
+  at::Tensor flat = tensor.reshape({-1});
+  padded.narrow(0, 0, numel).copy_(flat);
+  at::Tensor shard = at::empty({chunk}, tensor.options());
+  run_reduce_scatter(g, shard, padded, op);
+  run_all_gather(g, padded, shard);
+  flat.copy_(padded.narrow(0, 0, numel));
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::MIN: return c10d::ReduceOp::MIN;
+    case ReduceOp::MAX: return c10d::ReduceOp::MAX;
+    default: return c10d::ReduceOp::SUM;  // AVG divides afterwards
+  }
+}
+
+// Validation and counting happen in the caller's thread; the exchange itself runs on the
+// group's comm thread, preceded by the cross-rank check when it is on.
+Work submit(const ProcessGroupImpl& g, Kind kind, Intent intent, int64_t bytes_sent, const std::string& what,
+            bool async_op, std::function<void()> run) {
+  const int64_t seq = g.next_seq++;
+  intent.fields[Intent::kKind] = kind;
+  intent.fields[Intent::kSeq] = seq;
+  if (bytes_sent >= 0) CommDebugMode::record(kKindNames[kind], bytes_sent);
+  std::string description = std::string(kKindNames[kind]) + "(" + what + ") #" + std::to_string(seq) + " on " + g.where();
+  const bool check = g.check_collectives && g.size() > 1;
+  auto state = g.comm_thread->enqueue(description, [&g, check, intent = std::move(intent), run = std::move(run)] {
+    if (check) check_intent(g, intent);
+    run();
+  });
+  Work work(state);
+  if (!async_op) work.wait();
+  return work;
+}
+
+}  // namespace
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return "SUM";
+    case ReduceOp::AVG: return "AVG";
+    case ReduceOp::MIN: return "MIN";
+    case ReduceOp::MAX: return "MAX";
+  }
+  return "?";
+}
+
+Work all_reduce(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group, bool async_op) {
+  const auto& g = detail::member_group(group, "all_reduce");
+  require_tensor(tensor, "all_reduce", "input");
+  require_op_for(op, tensor.scalar_type(), "all_reduce");
+  Intent intent;
+  intent.fields[Intent::kDtype] = static_cast<int64_t>(tensor.scalar_type());
+  intent.fields[Intent::kInput] = tensor.numel();
+  intent.fields[Intent::kOp] = static_cast<int64_t>(op);
+  const int n = g.size();
+  const int64_t bytes = tensor.numel() * tensor.element_size();
+  const bool native = gloo_can_reduce(tensor.scalar_type());
+  const int64_t chunk_bytes = (tensor.numel() + n - 1) / n * tensor.element_size();
+  int64_t wire = native ? detail::ring_all_reduce_bytes(bytes, tensor.element_size(), g.rank, n)
+                        : 2 * (n - 1) * chunk_bytes;
+  if (n == 1) wire = 0;
+  return submit(g, kAllReduce, intent, wire, shape_of(tensor) + ", " + to_string(op), async_op, [&g, tensor, op, native] {
+    if (g.size() == 1) return;
+    if (!native) return run_all_reduce_by_scatter_gather(g, tensor, op);
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions options;
+    options.reduceOp = to_c10d(op);
+    options.timeout = g.timeout;
+    g.backend->allreduce(tensors, options)->wait(g.timeout);
+    if (op == ReduceOp::AVG) tensor.div_(g.size());
+  });
+}
+
+Work broadcast(const at::Tensor& tensor, int src, const ProcessGroup& group, bool async_op) {
+  const auto& g = detail::member_group(group, "broadcast");
+  require_tensor(tensor, "broadcast", "input");
+  ProcessGroup handle = group.defined() ? group : default_group();
+  const int root = handle.group_rank(src);
+  Intent intent;
+  intent.fields[Intent::kDtype] = static_cast<int64_t>(tensor.scalar_type());
+  intent.fields[Intent::kInput] = tensor.numel();
+  intent.fields[Intent::kRoot] = src;
+  const int64_t bytes = detail::tree_broadcast_sends(g.rank, root, g.size()) * tensor.numel() * tensor.element_size();
+  return submit(g, kBroadcast, intent, bytes, shape_of(tensor) + ", src " + std::to_string(src), async_op,
+                [&g, tensor, root] {
+                  if (g.size() == 1) return;
+                  std::vector<at::Tensor> tensors{as_wire(tensor)};
+                  c10d::BroadcastOptions options;
+                  options.rootRank = root;
+                  options.timeout = g.timeout;
+                  g.backend->broadcast(tensors, options)->wait(g.timeout);
+                });
+}
+
+Work all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input, const ProcessGroup& group,
+                            bool async_op) {
+  const char* name = "all_gather_into_tensor";
+  const auto& g = detail::member_group(group, name);
+  require_tensor(output, name, "output");
+  require_tensor(input, name, "input");
+  if (output.scalar_type() != input.scalar_type())
+    throw Error(std::string(name) + ": output " + shape_of(output) + " and input " + shape_of(input) + " differ in dtype");
+  if (output.numel() != input.numel() * g.size())
+    throw Error(std::string(name) + ": output " + shape_of(output) + " must hold " + std::to_string(g.size()) +
+                " x input " + shape_of(input) + " (" + std::to_string(input.numel() * g.size()) + " elements) on " +
+                g.where());
+  Intent intent;
+  intent.fields[Intent::kDtype] = static_cast<int64_t>(input.scalar_type());
+  intent.fields[Intent::kInput] = input.numel();
+  intent.fields[Intent::kOutput] = output.numel();
+  const int64_t bytes = (g.size() - 1) * input.numel() * input.element_size();
+  return submit(g, kAllGather, intent, bytes, "output " + shape_of(output) + ", input " + shape_of(input), async_op,
+                [&g, output, input] { run_all_gather(g, output, input); });
+}
+
+Work reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op, const ProcessGroup& group,
+                           bool async_op) {
+  const char* name = "reduce_scatter_tensor";
+  const auto& g = detail::member_group(group, name);
+  require_tensor(output, name, "output");
+  require_tensor(input, name, "input");
+  require_op_for(op, input.scalar_type(), name);
+  if (output.scalar_type() != input.scalar_type())
+    throw Error(std::string(name) + ": output " + shape_of(output) + " and input " + shape_of(input) + " differ in dtype");
+  if (input.numel() != output.numel() * g.size())
+    throw Error(std::string(name) + ": input " + shape_of(input) + " must hold " + std::to_string(g.size()) +
+                " x output " + shape_of(output) + " (" + std::to_string(output.numel() * g.size()) + " elements) on " +
+                g.where());
+  Intent intent;
+  intent.fields[Intent::kDtype] = static_cast<int64_t>(input.scalar_type());
+  intent.fields[Intent::kInput] = input.numel();
+  intent.fields[Intent::kOutput] = output.numel();
+  intent.fields[Intent::kOp] = static_cast<int64_t>(op);
+  const int64_t bytes = (g.size() - 1) * output.numel() * output.element_size();
+  return submit(g, kReduceScatter, intent, bytes,
+                "output " + shape_of(output) + ", input " + shape_of(input) + ", " + to_string(op), async_op,
+                [&g, output, input, op] { run_reduce_scatter(g, output, input, op); });
+}
+
+Work all_to_all_single(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
+                       const std::vector<int64_t>& input_split_sizes, const ProcessGroup& group, bool async_op) {
+  const char* name = "all_to_all_single";
+  const auto& g = detail::member_group(group, name);
+  require_tensor(output, name, "output");
+  require_tensor(input, name, "input");
+  if (output.scalar_type() != input.scalar_type())
+    throw Error(std::string(name) + ": output " + shape_of(output) + " and input " + shape_of(input) + " differ in dtype");
+  const int n = g.size();
+  // Rows of dim 0 -> elements, validated against the tensors.
+  auto to_elements = [&](const at::Tensor& t, std::vector<int64_t> splits, const char* role) {
+    const int64_t rows = t.dim() ? t.size(0) : 1;
+    const int64_t row_numel = rows ? t.numel() / rows : 0;
+    if (splits.empty()) {
+      if (rows % n) throw Error(std::string(name) + ": " + role + " " + shape_of(t) + " has " + std::to_string(rows) +
+                                " rows, not divisible by the group size " + std::to_string(n));
+      splits.assign(n, rows / n);
+    }
+    if (static_cast<int>(splits.size()) != n)
+      throw Error(std::string(name) + ": " + role + " split sizes have " + std::to_string(splits.size()) +
+                  " entries for a group of " + std::to_string(n));
+    if (std::accumulate(splits.begin(), splits.end(), int64_t{0}) != rows)
+      throw Error(std::string(name) + ": " + role + " split sizes do not add up to the " + std::to_string(rows) +
+                  " rows of " + shape_of(t));
+    for (auto& s : splits) s *= row_numel;
+    return splits;
+  };
+  std::vector<int64_t> out_elems = to_elements(output, output_split_sizes, "output");
+  std::vector<int64_t> in_elems = to_elements(input, input_split_sizes, "input");
+  Intent intent;
+  intent.fields[Intent::kDtype] = static_cast<int64_t>(input.scalar_type());
+  intent.fields[Intent::kExtra] = 2 * n;
+  intent.extra = in_elems;
+  intent.extra.insert(intent.extra.end(), out_elems.begin(), out_elems.end());
+  int64_t bytes = 0;
+  for (int j = 0; j < n; ++j)
+    if (j != g.rank) bytes += in_elems[j] * input.element_size();
+  return submit(g, kAllToAll, intent, bytes, "output " + shape_of(output) + ", input " + shape_of(input), async_op,
+                [&g, output, input, out_elems, in_elems] {
+                  at::Tensor out = as_wire(output), in = as_wire(input);
+                  auto out_counts = out_elems, in_counts = in_elems;
+                  g.backend->alltoall_base(out, in, out_counts, in_counts)->wait(g.timeout);
+                });
+}
+
+Work barrier(const ProcessGroup& group, bool async_op) {
+  const auto& g = detail::member_group(group, "barrier");
+  return submit(g, kBarrier, Intent{}, 0, "", async_op, [&g] {
+    c10d::BarrierOptions options;
+    options.timeout = g.timeout;
+    g.backend->barrier(options)->wait(g.timeout);
+  });
+}
+
+Work broadcast_bytes(std::string& bytes, int src, const ProcessGroup& group, bool async_op) {
+  const auto& g = detail::member_group(group, "broadcast_bytes");
+  ProcessGroup handle = group.defined() ? group : default_group();
+  const int root = handle.group_rank(src);
+  Intent intent;
+  intent.fields[Intent::kRoot] = src;
+  // Only the root knows the size before the exchange, so this one is counted when it ends.
+  return submit(g, kBroadcastBytes, intent, -1, "src " + std::to_string(src), async_op,
+                [&g, &bytes, root] {
+                  struct Count {
+                    const ProcessGroupImpl& g; const std::string& bytes; int root;
+                    ~Count() {
+                      const int64_t sends = detail::tree_broadcast_sends(g.rank, root, g.size());
+                      CommDebugMode::record(kKindNames[kBroadcastBytes], sends * (8 + static_cast<int64_t>(bytes.size())));
+                    }
+                  } count{g, bytes, root};
+                  if (g.size() == 1) return;
+                  at::Tensor length = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong);
+                  std::vector<at::Tensor> header{length};
+                  c10d::BroadcastOptions options;
+                  options.rootRank = root;
+                  options.timeout = g.timeout;
+                  g.backend->broadcast(header, options)->wait(g.timeout);
+                  bytes.resize(static_cast<size_t>(length.item<int64_t>()));
+                  if (bytes.empty()) return;
+                  std::vector<at::Tensor> body{at::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, at::kByte)};
+                  g.backend->broadcast(body, options)->wait(g.timeout);
+                });
+}
+
+}  // namespace fsdpp

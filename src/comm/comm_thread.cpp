@@ -1,0 +1,82 @@
+#include "comm/comm_thread.h"
+
+#include <fsdpp/error.h>
+#include <fsdpp/work.h>
+
+namespace fsdpp::detail {
+
+void WorkState::finish(std::exception_ptr e) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    error = std::move(e);
+    done = true;
+  }
+  done_cv.notify_all();
+}
+
+void WorkState::wait() {
+  std::unique_lock<std::mutex> lock(mutex);
+  done_cv.wait(lock, [&] { return done; });
+  if (error) std::rethrow_exception(error);
+}
+
+bool WorkState::is_completed() {
+  std::lock_guard<std::mutex> lock(mutex);
+  return done;
+}
+
+CommThread::CommThread() : thread_([this] { loop(); }) {}
+
+CommThread::~CommThread() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::shared_ptr<WorkState> CommThread::enqueue(std::string description, std::function<void()> run) {
+  auto state = std::make_shared<WorkState>();
+  state->description = std::move(description);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back({state, std::move(run)});
+  }
+  cv_.notify_one();
+  return state;
+}
+
+void CommThread::loop() {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      task.run();
+    } catch (const Error&) {
+      error = std::current_exception();
+    } catch (const std::exception& e) {
+      error = std::make_exception_ptr(Error(task.state->description + " failed: " + e.what()));
+    }
+    task.state->finish(error);
+  }
+}
+
+}  // namespace fsdpp::detail
+
+namespace fsdpp {
+
+void Work::wait() const {
+  if (state_) state_->wait();
+}
+
+bool Work::is_completed() const { return !state_ || state_->is_completed(); }
+
+}  // namespace fsdpp

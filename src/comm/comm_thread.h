@@ -1,0 +1,50 @@
+#pragma once
+// One background thread per process group that runs its collectives one after another.
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace fsdpp::detail {
+
+// Completion state shared between a Work handle and the comm thread.
+struct WorkState {
+  std::string description;  // names the collective, group and rank for error messages
+  std::mutex mutex;
+  std::condition_variable done_cv;
+  bool done = false;
+  std::exception_ptr error;
+
+  void finish(std::exception_ptr e);
+  void wait();
+  bool is_completed();
+};
+
+class CommThread {
+ public:
+  CommThread();
+  ~CommThread();  // runs what is queued, then joins
+  CommThread(const CommThread&) = delete;
+  CommThread& operator=(const CommThread&) = delete;
+
+  std::shared_ptr<WorkState> enqueue(std::string description, std::function<void()> run);
+
+ private:
+  struct Task {
+    std::shared_ptr<WorkState> state;
+    std::function<void()> run;
+  };
+  void loop();
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace fsdpp::detail

@@ -1,0 +1,307 @@
+#include <fsdpp/process_group.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <fsdpp/error.h>
+
+#include "comm/process_group_impl.h"
+
+namespace fsdpp {
+namespace {
+
+std::mutex g_default_mutex;
+std::shared_ptr<detail::ProcessGroupImpl> g_default_group;
+
+std::string list_ranks(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
+  out << "]";
+  return out.str();
+}
+
+// An integer environment variable; `fallback` when unset, an error naming it when malformed.
+int env_int(const char* name, int fallback, bool required, const std::string& why) {
+  const char* value = std::getenv(name);
+  if (!value || !*value) {
+    if (required) throw Error("environment variable " + std::string(name) + " is not set (" + why + ")");
+    return fallback;
+  }
+  char* end = nullptr;
+  long parsed = std::strtol(value, &end, 10);
+  if (*end != '\0' || parsed < 0 || parsed > (1 << 30))
+    throw Error("environment variable " + std::string(name) + "='" + value +
+                "' is not a non-negative integer");
+  return static_cast<int>(parsed);
+}
+
+std::string env_string(const char* name, const std::string& why) {
+  const char* value = std::getenv(name);
+  if (!value || !*value) throw Error("environment variable " + std::string(name) + " is not set (" + why + ")");
+  return value;
+}
+
+int parse_port(const std::string& text, const std::string& source) {
+  char* end = nullptr;
+  long port = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || port < 1 || port > 65535)
+    throw Error(source + "='" + text + "' is not a valid TCP port (1-65535)");
+  return static_cast<int>(port);
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+// One Gloo device per process, shared by all groups (as PyTorch does).
+std::shared_ptr<::gloo::transport::Device> gloo_device(bool local_only) {
+  static std::mutex mutex;
+  static std::shared_ptr<::gloo::transport::Device> device;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!device) {
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"))
+      device = c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+    else if (local_only)
+      device = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+    else
+      device = c10d::ProcessGroupGloo::createDefaultDevice();
+  }
+  return device;
+}
+
+bool check_collectives_from(int option) {
+  if (option >= 0) return option != 0;
+  const char* env = std::getenv("FSDPP_CHECK_COLLECTIVES");
+  return !(env && std::string(env) == "0");
+}
+
+struct Rendezvous {
+  int rank = -1;
+  int world_size = -1;
+  c10::intrusive_ptr<c10d::Store> store;
+  bool local_only = true;
+  std::string description;  // where the ranks meet, for error messages
+};
+
+Rendezvous rendezvous(const InitProcessGroupOptions& o) {
+  Rendezvous r;
+  const std::string env_why = "init_method env:// needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as torchrun sets them";
+  const bool from_env = !o.store_ && o.init_method_ == "env://";
+  r.rank = o.rank_ >= 0 ? o.rank_ : env_int("RANK", -1, from_env || o.store_, env_why);
+  r.world_size = o.world_size_ >= 0 ? o.world_size_ : env_int("WORLD_SIZE", -1, from_env || o.store_, env_why);
+  if (r.rank < 0 || r.world_size < 1)
+    throw Error("init_process_group needs a rank and a world size (got rank " + std::to_string(r.rank) +
+                ", world size " + std::to_string(r.world_size) + ")");
+  if (r.rank >= r.world_size)
+    throw Error("rank " + std::to_string(r.rank) + " is outside a world of size " + std::to_string(r.world_size));
+
+  if (o.store_) {
+    r.store = o.store_;
+    r.description = "the given store";
+    return r;
+  }
+  std::string host;
+  int port = 0;
+  if (o.init_method_ == "env://") {
+    host = env_string("MASTER_ADDR", env_why);
+    port = parse_port(env_string("MASTER_PORT", env_why), "environment variable MASTER_PORT");
+  } else if (o.init_method_.rfind("tcp://", 0) == 0) {
+    std::string rest = o.init_method_.substr(6);
+    auto colon = rest.rfind(':');
+    if (colon == std::string::npos) throw Error("init_method '" + o.init_method_ + "' lacks a port (tcp://host:port)");
+    host = rest.substr(0, colon);
+    port = parse_port(rest.substr(colon + 1), "init_method port");
+  } else if (o.init_method_.rfind("file://", 0) == 0) {
+    std::string path = o.init_method_.substr(7);
+    if (path.empty()) throw Error("init_method '" + o.init_method_ + "' names no file");
+    r.store = c10::make_intrusive<c10d::FileStore>(path, r.world_size);
+    r.store->setTimeout(o.timeout_);
+    r.description = o.init_method_;
+    return r;
+  } else {
+    throw Error("init_method '" + o.init_method_ + "' is not env://, tcp://host:port or file:///path");
+  }
+  r.local_only = is_loopback(host);
+  r.description = "tcp://" + host + ":" + std::to_string(port);
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(port);
+  store_options.isServer = r.rank == 0;
+  store_options.numWorkers = r.world_size;
+  store_options.waitWorkers = true;
+  store_options.timeout = o.timeout_;
+  try {
+    r.store = c10::make_intrusive<c10d::TCPStore>(host, store_options);
+  } catch (const std::exception& e) {
+    throw Error("rendezvous of " + std::to_string(r.world_size) + " ranks at " + r.description + " failed at rank " +
+                std::to_string(r.rank) + " within " + std::to_string(o.timeout_.count()) + " ms: " + e.what());
+  }
+  return r;
+}
+
+// Every member checks in on the store and waits, within the timeout, for the others, so a
+// rank that never arrives is named (Gloo's own rendezvous would wait its fixed 5 minutes).
+void wait_for_members(const detail::ProcessGroupImpl& g, const c10::intrusive_ptr<c10d::Store>& store) {
+  auto key = [](int rank) { return "arrived/" + std::to_string(rank); };
+  store->set(key(g.rank), std::vector<uint8_t>{1});
+  std::vector<std::string> keys;
+  for (int r = 0; r < g.size(); ++r) keys.push_back(key(r));
+  try {
+    store->wait(keys, g.timeout);
+  } catch (const std::exception& e) {
+    std::vector<int> missing;
+    for (int r = 0; r < g.size(); ++r)
+      if (!store->check({key(r)})) missing.push_back(g.ranks[r]);
+    throw Error("rendezvous of " + g.where() + " with ranks " + list_ranks(g.ranks) + " did not complete within " +
+                std::to_string(g.timeout.count()) + " ms: rank(s) " + list_ranks(missing) + " did not arrive");
+  }
+}
+
+// Connects this process to the other members through a Gloo process group.
+c10::intrusive_ptr<c10d::ProcessGroup> connect(const detail::ProcessGroupImpl& g, bool local_only) {
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("fsdpp/" + g.name + "/", g.store);
+  wait_for_members(g, prefixed);
+  auto options = c10d::ProcessGroupGloo::Options::create(g.timeout);
+  options->devices.push_back(gloo_device(local_only));
+  options->threads = 1;  // the comm thread already serializes a group's collectives
+  try {
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, g.rank, g.size(), options);
+  } catch (const std::exception& e) {
+    throw Error("connecting " + g.where() + " with ranks " + list_ranks(g.ranks) + " failed: " + e.what());
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+std::string ProcessGroupImpl::where() const {
+  return "group " + name + " (rank " + std::to_string(rank) + " of " + std::to_string(size()) + ")";
+}
+
+const ProcessGroupImpl& member_group(const ProcessGroup& group, const char* collective) {
+  ProcessGroup resolved = group.defined() ? group : default_group();
+  const ProcessGroupImpl& g = resolved.impl();
+  if (!g.backend)
+    throw Error(std::string(collective) + ": global rank " + std::to_string(g.global_rank) +
+                " is not a member of group " + g.name + " " + list_ranks(g.ranks));
+  return g;
+}
+
+}  // namespace detail
+
+InitProcessGroupOptions& InitProcessGroupOptions::store(c10::intrusive_ptr<c10d::Store> v) {
+  store_ = std::move(v);
+  return *this;
+}
+
+const detail::ProcessGroupImpl& ProcessGroup::impl() const {
+  if (!impl_) throw Error("use of an empty ProcessGroup handle");
+  return *impl_;
+}
+
+int ProcessGroup::rank() const { return impl().rank; }
+int ProcessGroup::size() const { return impl().size(); }
+bool ProcessGroup::is_member() const { return impl().rank >= 0; }
+const std::vector<int>& ProcessGroup::ranks() const { return impl().ranks; }
+std::chrono::milliseconds ProcessGroup::timeout() const { return impl().timeout; }
+bool ProcessGroup::check_collectives() const { return impl().check_collectives; }
+const std::string& ProcessGroup::name() const { return impl().name; }
+c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroup::backend() const { return impl().backend; }
+
+int ProcessGroup::group_rank(int global) const {
+  const auto& r = impl().ranks;
+  auto it = std::find(r.begin(), r.end(), global);
+  if (it == r.end())
+    throw Error("global rank " + std::to_string(global) + " is not a member of group " + name() + " " + list_ranks(r));
+  return static_cast<int>(it - r.begin());
+}
+
+int ProcessGroup::global_rank(int group_rank) const {
+  if (group_rank < 0 || group_rank >= size())
+    throw Error("group rank " + std::to_string(group_rank) + " is outside group " + name() + " of size " +
+                std::to_string(size()));
+  return impl().ranks[group_rank];
+}
+
+ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
+  const auto& parent = impl();
+  if (ranks.empty()) throw Error("new_group: the list of ranks is empty");
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (i && sorted[i] == sorted[i - 1]) throw Error("new_group: rank " + std::to_string(sorted[i]) + " is listed twice");
+    if (std::find(parent.ranks.begin(), parent.ranks.end(), sorted[i]) == parent.ranks.end())
+      throw Error("new_group: rank " + std::to_string(sorted[i]) + " is outside group " + parent.name + " " +
+                  list_ranks(parent.ranks));
+  }
+  auto child = std::make_shared<detail::ProcessGroupImpl>();
+  child->name = parent.name + "/" + std::to_string(parent.next_child++);
+  child->backend_name = parent.backend_name;
+  child->store = parent.store;
+  child->ranks = sorted;
+  child->global_rank = parent.global_rank;
+  child->timeout = parent.timeout;
+  child->check_collectives = parent.check_collectives;
+  auto me = std::find(sorted.begin(), sorted.end(), parent.global_rank);
+  if (me != sorted.end()) {
+    child->rank = static_cast<int>(me - sorted.begin());
+    child->backend = connect(*child, /*local_only=*/false);
+    child->comm_thread = std::make_unique<detail::CommThread>();
+  }
+  return ProcessGroup(std::move(child));
+}
+
+ProcessGroup init_process_group(const InitProcessGroupOptions& options) {
+  if (options.backend_ != "gloo") {
+    throw Error("backend '" + options.backend_ + "' is not available: this libtorch " +
+                (options.backend_ == "nccl" ? "was built without NCCL" : "offers only 'gloo'"));
+  }
+  Rendezvous r = rendezvous(options);
+  auto g = std::make_shared<detail::ProcessGroupImpl>();
+  g->name = "world";
+  g->backend_name = options.backend_;
+  g->store = r.store;
+  g->ranks.resize(r.world_size);
+  for (int i = 0; i < r.world_size; ++i) g->ranks[i] = i;
+  g->global_rank = r.rank;
+  g->rank = r.rank;
+  g->timeout = options.timeout_;
+  g->check_collectives = check_collectives_from(options.check_collectives_);
+  g->store->setTimeout(options.timeout_);
+  g->backend = connect(*g, r.local_only);
+  g->comm_thread = std::make_unique<detail::CommThread>();
+  std::lock_guard<std::mutex> lock(g_default_mutex);
+  g_default_group = g;
+  return ProcessGroup(g);
+}
+
+ProcessGroup default_group() {
+  std::lock_guard<std::mutex> lock(g_default_mutex);
+  if (!g_default_group)
+    throw Error("no default process group: call fsdpp::init_process_group() first or pass a group");
+  return ProcessGroup(g_default_group);
+}
+
+bool is_initialized() {
+  std::lock_guard<std::mutex> lock(g_default_mutex);
+  return g_default_group != nullptr;
+}
+
+void destroy_process_group() {
+  std::lock_guard<std::mutex> lock(g_default_mutex);
+  g_default_group.reset();
+}
+
+int get_local_rank() { return env_int("LOCAL_RANK", 0, false, ""); }
+int get_local_world_size() { return env_int("LOCAL_WORLD_SIZE", 1, false, ""); }
+
+}  // namespace fsdpp

@@ -1,0 +1,40 @@
+#pragma once
+// What a ProcessGroup handle points to. Private to fsdpp.
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "comm/comm_thread.h"
+
+namespace fsdpp::detail {
+
+struct ProcessGroupImpl {
+  std::string name;                           // "world", "world/0", ...
+  std::string backend_name;                   // "gloo"
+  c10::intrusive_ptr<c10d::Store> store;      // the world's store, unprefixed
+  c10::intrusive_ptr<c10d::ProcessGroup> backend;  // null when not a member
+  std::vector<int> ranks;                     // global ranks of the members
+  int global_rank = -1;                       // this process in the world
+  int rank = -1;                              // this process in the group, -1 if not a member
+  std::chrono::milliseconds timeout{0};
+  bool check_collectives = true;
+  mutable std::atomic<int> next_child{0};     // numbers new_group() calls, for store prefixes
+  mutable std::atomic<int64_t> next_seq{0};   // numbers collectives, for error messages
+  // Runs this group's collectives in issue order, so the order is the same on every rank
+  // whether a collective is synchronous or not. Null when not a member.
+  std::unique_ptr<CommThread> comm_thread;
+
+  int size() const { return static_cast<int>(ranks.size()); }
+  // "group world (rank 1 of 4)"
+  std::string where() const;
+};
+
+// Resolves an empty handle to the default group and checks membership.
+const ProcessGroupImpl& member_group(const class fsdpp::ProcessGroup& group, const char* collective);
+
+}  // namespace fsdpp::detail

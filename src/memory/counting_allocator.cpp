@@ -1,0 +1,65 @@
+// fsdpp's CPU allocator: 64-byte aligned blocks (as c10's default), plus counters of live and peak bytes.
+// It replaces the default CPU allocator when libfsdpp loads (a higher registration priority).
+#include <fsdpp/memory.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include <c10/core/CPUAllocator.h>
+
+namespace fsdpp {
+namespace {
+
+std::atomic<int64_t> g_current{0};
+std::atomic<int64_t> g_peak{0};
+std::atomic<int64_t> g_allocations{0};
+
+// The block's size lives in a header in front of the data, so the raw deleter can find it;
+// the header is one alignment unit so the data stays 64-byte aligned.
+constexpr size_t kHeader = 64;
+
+void count(int64_t delta) {
+  int64_t now = g_current.fetch_add(delta) + delta;
+  int64_t peak = g_peak.load();
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+void release(void* data) {
+  if (!data) return;
+  char* block = static_cast<char*>(data) - kHeader;
+  int64_t size = *reinterpret_cast<int64_t*>(block);
+  count(-size);
+  std::free(block);
+}
+
+class CountingCPUAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) const override {
+    void* raw = nullptr;
+    if (posix_memalign(&raw, kHeader, nbytes + kHeader) != 0) throw std::bad_alloc();
+    char* block = static_cast<char*>(raw);
+    *reinterpret_cast<int64_t*>(block) = static_cast<int64_t>(nbytes);
+    count(static_cast<int64_t>(nbytes));
+    g_allocations.fetch_add(1);
+    void* data = block + kHeader;
+    return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+};
+
+CountingCPUAllocator g_allocator;
+// Priority 1 beats c10's default registration (0) whichever runs first.
+const bool g_installed = (c10::SetCPUAllocator(&g_allocator, /*priority=*/1), true);
+
+}  // namespace
+
+MemoryStats memory_stats() {
+  (void)g_installed;
+  return {g_current.load(), g_peak.load(), g_allocations.load()};
+}
+
+void reset_peak_memory_stats() { g_peak.store(g_current.load()); }
+
+}  // namespace fsdpp

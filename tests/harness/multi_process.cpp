@@ -1,0 +1,207 @@
+#include "harness/multi_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <fsdpp/collectives.h>
+#include <fsdpp/error.h>
+
+namespace fsdpp::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+const char* env_or_null(const char* name) { return std::getenv(name); }
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string tail_lines(const std::string& text, int lines) {
+  size_t pos = text.size();
+  for (int i = 0; i <= lines && pos > 0; ++i) {
+    pos = text.rfind('\n', pos - 1);
+    if (pos == std::string::npos) return text;
+  }
+  return text.substr(pos + 1);
+}
+
+// Collects this rank's gtest failures to report them to the parent.
+class FailureCollector : public ::testing::EmptyTestEventListener {
+ public:
+  std::vector<std::string> failures;
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    std::ostringstream out;
+    out << (result.file_name() ? result.file_name() : "?") << ":" << result.line_number() << ": " << result.message();
+    failures.push_back(out.str());
+  }
+};
+
+[[noreturn]] void run_as_rank(int world_size, const std::function<void(RankContext&)>& body, const RunOptions& options) {
+  RankContext ctx;
+  ctx.rank = std::atoi(env_or_null("FSDPP_TEST_RANK"));
+  ctx.world_size = world_size;
+  ctx.temp_dir = env_or_null("FSDPP_TEST_DIR");
+  ctx.store_path = ctx.temp_dir + "/store";
+  auto* collector = new FailureCollector;  // owned by gtest's listener list
+  ::testing::UnitTest::GetInstance()->listeners().Append(collector);
+  std::string uncaught;
+  try {
+    if (options.init_process_group) {
+      ctx.world = init_process_group(InitProcessGroupOptions()
+                                         .init_method("file://" + ctx.store_path)
+                                         .rank(ctx.rank)
+                                         .world_size(world_size)
+                                         .timeout(options.collective_timeout)
+                                         .check_collectives(options.check_collectives));
+    }
+    body(ctx);
+    // Finish together: a rank that exits early would cut connections its peers still use.
+    if (ctx.world.defined() && !::testing::Test::HasFailure()) barrier(ctx.world);
+  } catch (const std::exception& e) {
+    uncaught = std::string("uncaught exception: ") + e.what();
+  } catch (...) {
+    uncaught = "uncaught non-standard exception";
+  }
+  std::ofstream out(ctx.temp_dir + "/rank" + std::to_string(ctx.rank) + ".result");
+  for (const auto& f : collector->failures) out << f << "\n";
+  if (!uncaught.empty()) out << uncaught << "\n";
+  out.close();
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  // Skip destructors: peers may already be gone, and c10d teardown could then block.
+  _exit(collector->failures.empty() && uncaught.empty() ? 0 : 1);
+}
+
+std::string current_test_filter() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return std::string("--gtest_filter=") + info->test_suite_name() + "." + info->name();
+}
+
+pid_t spawn_rank(int rank, int world_size, const std::string& dir, const RunOptions& options) {
+  const std::string filter = current_test_filter();
+  const std::string log = dir + "/rank" + std::to_string(rank) + ".log";
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid > 0) return pid;
+  // Child: its own process group (so its descendants can be killed), dies with the parent.
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(99);
+  int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  dup2(fd, 1);
+  dup2(fd, 2);
+  close(fd);
+  setenv("FSDPP_TEST_RANK", std::to_string(rank).c_str(), 1);
+  setenv("FSDPP_TEST_WORLD_SIZE", std::to_string(world_size).c_str(), 1);
+  setenv("FSDPP_TEST_DIR", dir.c_str(), 1);
+  setenv("OMP_NUM_THREADS", "1", 0);
+  for (const auto& kv : options.env) putenv(strdup(kv.c_str()));
+  char exe[] = "/proc/self/exe";
+  std::vector<char*> argv{exe, const_cast<char*>(filter.c_str()), nullptr};
+  execv(exe, argv.data());
+  _exit(127);
+}
+
+struct RankProcess {
+  pid_t pid = -1;
+  bool running = true;
+  int status = 0;
+};
+
+void kill_group(pid_t pid, int sig) { kill(-pid, sig); }
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("died of signal ") + strsignal(WTERMSIG(status));
+  return "ended";
+}
+
+}  // namespace
+
+bool in_rank_process() { return env_or_null("FSDPP_TEST_RANK") != nullptr; }
+
+void run_ranks(int world_size, const std::function<void(RankContext&)>& body, const RunOptions& options) {
+  if (in_rank_process()) run_as_rank(world_size, body, options);
+
+  char pattern[] = "/tmp/fsdpp-test-XXXXXX";
+  const std::string dir = mkdtemp(pattern);
+  std::vector<RankProcess> ranks(world_size);
+  for (int r = 0; r < world_size; ++r) ranks[r].pid = spawn_rank(r, world_size, dir, options);
+
+  const auto start = Clock::now();
+  const auto grace = std::chrono::seconds(3);
+  Clock::time_point first_failure{};
+  bool timed_out = false;
+  for (int alive = world_size; alive > 0;) {
+    for (auto& p : ranks) {
+      if (!p.running) continue;
+      if (waitpid(p.pid, &p.status, WNOHANG) == p.pid) {
+        p.running = false;
+        --alive;
+        kill_group(p.pid, SIGKILL);  // its descendants, if any
+        bool ok = WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0;
+        if (!ok && first_failure == Clock::time_point{}) first_failure = Clock::now();
+      }
+    }
+    const auto now = Clock::now();
+    // A failed rank leaves its peers blocked in collectives: give them a moment to report
+    // their own errors, then stop them.
+    bool stop_after_failure = first_failure != Clock::time_point{} && now - first_failure > grace;
+    if (alive > 0 && (now - start > options.deadline || stop_after_failure)) {
+      timed_out = now - start > options.deadline;
+      for (auto& p : ranks)
+        if (p.running) kill_group(p.pid, SIGKILL);
+      for (auto& p : ranks)
+        if (p.running) waitpid(p.pid, &p.status, 0);
+      for (auto& p : ranks)
+        if (p.running) p.status = -1;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+
+  for (int r = 0; r < world_size; ++r) {
+    const auto& p = ranks[r];
+    const fs::path result = fs::path(dir) / ("rank" + std::to_string(r) + ".result");
+    const std::string log = tail_lines(read_file(fs::path(dir) / ("rank" + std::to_string(r) + ".log")), 15);
+    if (p.running) {
+      ADD_FAILURE() << "rank " << r << " of " << world_size
+                    << (timed_out ? " did not finish within the deadline of " + std::to_string(options.deadline.count()) + " s"
+                                  : " was stopped after another rank failed")
+                    << " (killed). Its last output:\n" << log;
+      continue;
+    }
+    bool ok = WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0;
+    if (ok) continue;
+    std::string failures = fs::exists(result) ? read_file(result) : "";
+    ADD_FAILURE() << "rank " << r << " of " << world_size << " failed (" << describe_status(p.status) << "):\n"
+                  << (failures.empty() ? "(no failure recorded) last output:\n" + log : failures);
+  }
+  std::error_code ignored;
+  fs::remove_all(dir, ignored);
+}
+
+}  // namespace fsdpp::testing

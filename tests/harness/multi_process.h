@@ -1,0 +1,39 @@
+#pragma once
+// Runs a test body on several ranks, one process each, the way PyTorch's MultiProcessTestCase
+// does: the test binary re-executes itself, filtered to the current test, once per rank.
+// Ranks meet on a FileStore in a fresh temp dir. Each rank's gtest failures and exceptions
+// come back to the parent test, a deadline kills a hung run (naming the ranks that hung),
+// and no process is left behind.
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include <fsdpp/process_group.h>
+
+namespace fsdpp::testing {
+
+struct RankContext {
+  int rank = 0;
+  int world_size = 1;
+  ProcessGroup world;    // empty when RunOptions::init_process_group is false
+  std::string temp_dir;  // shared by the ranks of this run, removed afterwards
+  std::string store_path;
+};
+
+struct RunOptions {
+  std::chrono::seconds deadline{120};
+  // Collectives time out well before the deadline, so a hang names its collective.
+  std::chrono::milliseconds collective_timeout{60000};
+  bool init_process_group = true;
+  bool check_collectives = true;
+  // Extra environment for the ranks ("NAME=value").
+  std::vector<std::string> env;
+};
+
+// Call at most once per test (parametrize over world sizes with TEST_P).
+void run_ranks(int world_size, const std::function<void(RankContext&)>& body, const RunOptions& options = {});
+
+// True inside a rank process.
+bool in_rank_process();
+
+}  // namespace fsdpp::testing

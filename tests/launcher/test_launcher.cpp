@@ -1,0 +1,446 @@
+// Tests of fsdpp-run. Each test runs the real launcher binary with a small
+// `sh -c` program as the ranks, under a deadline so nothing can hang, and
+// checks exit codes, output, and that no process is left behind.
+
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifndef FSDPP_RUN_PATH
+#error "define FSDPP_RUN_PATH to the fsdpp-run binary"
+#endif
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+struct Outcome {
+  int exit_code = -1;  // 128 + signal if the launcher was killed
+  std::string out, err;
+  double seconds = 0;
+  bool timed_out = false;
+};
+
+// The launcher under test, started with its stdout and stderr captured.
+class Launched {
+ public:
+  Launched(const std::vector<std::string>& args, const std::vector<std::string>& env) {
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) std::abort();
+    start_ = Clock::now();
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      dup2(err[1], STDERR_FILENO);
+      unsetenv("OMP_NUM_THREADS");  // the tests decide whether it is set
+      for (const auto& kv : env) putenv(const_cast<char*>(kv.c_str()));
+      std::vector<char*> argv;
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(99);
+    }
+    close(out[1]);
+    close(err[1]);
+    out_fd_ = out[0];
+    err_fd_ = err[0];
+  }
+
+  Launched(const Launched&) = delete;
+  Launched& operator=(const Launched&) = delete;
+
+  ~Launched() {  // a failed assertion must not leave the launcher running
+    if (pid_ > 0) finish(0);
+  }
+
+  pid_t pid() const { return pid_; }
+
+  // Collects output until the launcher exits; SIGKILLs it at the deadline.
+  Outcome finish(double deadline_seconds = 30) {
+    Outcome o;
+    while (out_fd_ >= 0 || err_fd_ >= 0) {
+      double left = deadline_seconds - seconds_since(start_);
+      if (left <= 0) {
+        kill(pid_, SIGKILL);
+        o.timed_out = true;
+        break;
+      }
+      pump(static_cast<int>(left * 1000) + 1, o);
+    }
+    close_fd(out_fd_);
+    close_fd(err_fd_);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    o.exit_code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+    o.seconds = seconds_since(start_);
+    return o;
+  }
+
+ private:
+  void pump(int timeout_ms, Outcome& o) {
+    pollfd fds[2] = {{out_fd_, POLLIN, 0}, {err_fd_, POLLIN, 0}};
+    if (poll(fds, 2, timeout_ms) <= 0) return;
+    read_into(out_fd_, fds[0].revents, o.out);
+    read_into(err_fd_, fds[1].revents, o.err);
+  }
+
+  static void read_into(int& fd, short revents, std::string& text) {
+    if (fd < 0 || revents == 0) return;
+    char buf[65536];
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n > 0)
+      text.append(buf, static_cast<size_t>(n));
+    else if (n == 0 || errno != EINTR)
+      close_fd(fd);
+  }
+
+  static void close_fd(int& fd) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+
+  pid_t pid_ = -1;
+  int out_fd_ = -1, err_fd_ = -1;
+  Clock::time_point start_;
+};
+
+// A zombie is as good as gone: here PID 1 may never reap orphans.
+bool alive(pid_t pid) {
+  if (kill(pid, 0) != 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  size_t paren = text.rfind(')');
+  return paren == std::string::npos || text.size() < paren + 3 || text[paren + 2] != 'Z';
+}
+
+// Waits up to `seconds` for every pid to be gone; returns those still alive.
+std::vector<pid_t> survivors(const std::vector<pid_t>& pids, double seconds = 2) {
+  auto start = Clock::now();
+  for (;;) {
+    std::vector<pid_t> left;
+    for (pid_t p : pids)
+      if (alive(p)) left.push_back(p);
+    if (left.empty() || seconds_since(start) > seconds) return left;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Shell snippets for the rank programs; $D is the test's temp dir.
+
+// Publishes a value as $D/<name>.<rank>, atomically so readers never see a
+// half-written file.
+std::string publish(const std::string& name, const std::string& value) {
+  std::string file = "\"$D/" + name + ".$RANK\"";
+  return "echo " + value + " > " + file + ".tmp && mv " + file + ".tmp " + file + "; ";
+}
+
+// Waits until $D/<name>.<r> exists for each of `ranks`.
+std::string await(const std::string& name, const std::vector<int>& ranks) {
+  std::string all_exist = "true";
+  for (int r : ranks) all_exist += " && [ -e \"$D/" + name + "." + std::to_string(r) + "\" ]";
+  return "until " + all_exist + "; do sleep 0.02; done; ";
+}
+
+class Launcher : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string templ = (fs::temp_directory_path() / "fsdpp-launcher-XXXXXX").string();
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    dir_ = templ;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Starts fsdpp-run with `flags` and `sh -c script` as the program.
+  std::unique_ptr<Launched> start(const std::vector<std::string>& flags, const std::string& script,
+                                  std::vector<std::string> env = {}) {
+    std::vector<std::string> args{FSDPP_RUN_PATH};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.insert(args.end(), {"sh", "-c", script});
+    env.push_back("D=" + dir_);
+    return std::make_unique<Launched>(args, env);
+  }
+
+  Outcome run(const std::vector<std::string>& flags, const std::string& script,
+              std::vector<std::string> env = {}) {
+    return start(flags, script, std::move(env))->finish();
+  }
+
+  // PIDs published under `name` by the given ranks.
+  std::vector<pid_t> pids(const std::string& name, const std::vector<int>& ranks) const {
+    std::vector<pid_t> result;
+    for (int r : ranks) {
+      std::ifstream in(file(name, r));
+      pid_t pid = 0;
+      in >> pid;
+      EXPECT_GT(pid, 0) << "no pid in " << file(name, r);
+      if (pid > 0) result.push_back(pid);
+    }
+    return result;
+  }
+
+  // Waits up to `seconds` for $D/<name>.<r> to exist for each of `ranks`.
+  bool wait_for(const std::string& name, const std::vector<int>& ranks, double seconds = 20) const {
+    auto start = Clock::now();
+    for (;;) {
+      bool all = true;
+      for (int r : ranks) all = all && fs::exists(file(name, r));
+      if (all) return true;
+      if (seconds_since(start) > seconds) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  std::string file(const std::string& name, int rank) const {
+    return dir_ + "/" + name + "." + std::to_string(rank);
+  }
+
+  // Runs the launcher with bad `flags`; checks the program never started.
+  Outcome run_refused(const std::vector<std::string>& flags) {
+    Outcome o = run(flags, "touch \"$D/ran.$RANK\"");
+    EXPECT_FALSE(o.timed_out);
+    EXPECT_TRUE(fs::is_empty(dir_)) << "a rank ran despite " << ::testing::PrintToString(flags);
+    return o;
+  }
+
+  // Sends `sig` to the launcher once both ranks are up; checks the ranks got
+  // it, the launcher failed with 128+sig, and nothing is left.
+  void check_forwarded(int sig, const std::string& name) {
+    // The sleep starts before the rank says it is ready, and `wait` (unlike
+    // a foreground command) lets the trap run as soon as the signal comes.
+    auto script = "trap 'touch \"$D/got.$RANK\"; exit 0' " + name + "; sleep 60 & " +
+                  publish("gc", "$!") + publish("pid", "$$") + "wait; exit 1";
+    auto launcher = start({"--nproc-per-node", "2"}, script);
+    ASSERT_TRUE(wait_for("pid", {0, 1}));
+    kill(launcher->pid(), sig);
+    Outcome o = launcher->finish();
+    ASSERT_FALSE(o.timed_out);
+    EXPECT_EQ(o.exit_code, 128 + sig);
+    EXPECT_LT(o.seconds, 20);
+    EXPECT_TRUE(contains(o.err, "received SIG" + name)) << o.err;
+    EXPECT_TRUE(fs::exists(file("got", 0))) << "rank 0 missed SIG" << name;
+    EXPECT_TRUE(fs::exists(file("got", 1))) << "rank 1 missed SIG" << name;
+    EXPECT_EQ(survivors(pids("pid", {0, 1})), std::vector<pid_t>{});
+    EXPECT_EQ(survivors(pids("gc", {0, 1})), std::vector<pid_t>{});
+  }
+
+  std::string dir_;
+};
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// ---------------------------------------------------------------- environment
+
+TEST_F(Launcher, SetsTorchrunEnvironment) {
+  Outcome o = run({"--nproc-per-node", "3", "--master-port", "29611"},
+                  "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK "
+                  "$MASTER_ADDR $MASTER_PORT $OMP_NUM_THREADS\"");
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  auto lines = lines_of(o.out);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines, (std::vector<std::string>{"[rank0]: 0 3 0 3 0 127.0.0.1 29611 1",
+                                             "[rank1]: 1 3 1 3 0 127.0.0.1 29611 1",
+                                             "[rank2]: 2 3 2 3 0 127.0.0.1 29611 1"}));
+}
+
+TEST_F(Launcher, MultiNodeRanksAndTorchrunSpellings) {
+  Outcome o = run({"--nproc_per_node=3", "--nnodes", "2", "--node_rank", "1", "--master_addr",
+                   "10.1.2.3", "--"},
+                  "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK $MASTER_ADDR $MASTER_PORT\"");
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  auto lines = lines_of(o.out);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines, (std::vector<std::string>{"[rank3]: 3 6 0 1 10.1.2.3 29500",
+                                             "[rank4]: 4 6 1 1 10.1.2.3 29500",
+                                             "[rank5]: 5 6 2 1 10.1.2.3 29500"}));
+}
+
+TEST_F(Launcher, KeepsOmpNumThreadsIfSet) {
+  Outcome o = run({"--nproc-per-node", "1"}, "echo $OMP_NUM_THREADS", {"OMP_NUM_THREADS=4"});
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(o.out, "[rank0]: 4\n");
+}
+
+TEST_F(Launcher, PassesProgramArgumentsThrough) {
+  // Everything after the program belongs to it, even options we also have.
+  Outcome o = Launched({FSDPP_RUN_PATH, "sh", "-c", "echo \"$1 $2\"", "x", "--nproc-per-node", "5"},
+                       {})
+                  .finish();
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(o.out, "[rank0]: --nproc-per-node 5\n");
+}
+
+// ---------------------------------------------------------------- output
+
+TEST_F(Launcher, PartialLastLineAndStderrKeepTheirPrefix) {
+  Outcome o = run({"--nproc-per-node", "1"},
+                  "printf 'one\\ntwo'; printf 'oops\\nhalf' >&2");
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 0);
+  EXPECT_EQ(o.out, "[rank0]: one\n[rank0]: two\n");
+  EXPECT_EQ(o.err, "[rank0]: oops\n[rank0]: half\n");
+}
+
+TEST_F(Launcher, VeryLongLinesStayWhole) {
+  Outcome o = run({"--nproc-per-node", "2"},
+                  "head -c 300000 /dev/zero | tr '\\0' \"$RANK\"; echo");
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  auto lines = lines_of(o.out);
+  std::sort(lines.begin(), lines.end());
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0], "[rank0]: " + std::string(300000, '0'));
+  EXPECT_EQ(lines[1], "[rank1]: " + std::string(300000, '1'));
+}
+
+// ---------------------------------------------------------------- failures
+
+TEST_F(Launcher, FailingRankStopsTheOthers) {
+  // Rank 1 fails once the others are up; they would sleep for a minute.
+  auto script = publish("pid", "$$") + "if [ $RANK = 1 ]; then " + await("pid", {0, 2}) +
+                "exit 7; fi; exec sleep 60";
+  Outcome o = run({"--nproc-per-node", "3"}, script);
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 7);
+  EXPECT_LT(o.seconds, 10);
+  EXPECT_TRUE(contains(o.err, "rank 1")) << o.err;
+  EXPECT_TRUE(contains(o.err, "exited with code 7")) << o.err;
+  EXPECT_EQ(survivors(pids("pid", {0, 1, 2})), std::vector<pid_t>{});
+}
+
+TEST_F(Launcher, RankKilledBySignalGives128PlusSignal) {
+  auto script = publish("pid", "$$") + "if [ $RANK = 0 ]; then " + await("pid", {1}) +
+                "kill -KILL $$; fi; exec sleep 60";
+  Outcome o = run({"--nproc-per-node", "2"}, script);
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 128 + SIGKILL);
+  EXPECT_TRUE(contains(o.err, "rank 0")) << o.err;
+  EXPECT_TRUE(contains(o.err, "SIGKILL")) << o.err;
+  EXPECT_EQ(survivors(pids("pid", {0, 1})), std::vector<pid_t>{});
+}
+
+TEST_F(Launcher, EscalatesToSigkillWhenSigtermIsIgnored) {
+  auto script = "if [ $RANK = 1 ]; then " + await("pid", {0}) + "exit 5; fi; trap '' TERM; " +
+                publish("pid", "$$") + "exec sleep 60";
+  Outcome o = run({"--nproc-per-node", "2", "--kill-grace-seconds", "1"}, script);
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 5);
+  EXPECT_GE(o.seconds, 1.0);  // the grace period was granted...
+  EXPECT_LT(o.seconds, 10);   // ...and then cut short
+  EXPECT_TRUE(contains(o.err, "SIGKILL")) << o.err;
+  EXPECT_EQ(survivors(pids("pid", {0})), std::vector<pid_t>{});
+}
+
+TEST_F(Launcher, KillsGrandchildrenOfAFailedJob) {
+  auto script = "sleep 60 & " + publish("gc", "$!") + "if [ $RANK = 1 ]; then " +
+                await("gc", {0, 2}) + "exit 4; fi; wait";
+  Outcome o = run({"--nproc-per-node", "3"}, script);
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 4);
+  EXPECT_LT(o.seconds, 10);
+  EXPECT_EQ(survivors(pids("gc", {0, 1, 2})), std::vector<pid_t>{});
+}
+
+TEST_F(Launcher, KillsGrandchildrenLeftBySuccessfulRanks) {
+  Outcome o = run({"--nproc-per-node", "2"}, "sleep 60 & " + publish("gc", "$!") + "exit 0");
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_LT(o.seconds, 10);
+  EXPECT_EQ(survivors(pids("gc", {0, 1})), std::vector<pid_t>{});
+}
+
+// ---------------------------------------------------------------- signals
+
+TEST_F(Launcher, ForwardsSigtermToRanks) { check_forwarded(SIGTERM, "TERM"); }
+
+TEST_F(Launcher, ForwardsSigintToRanks) { check_forwarded(SIGINT, "INT"); }
+
+TEST_F(Launcher, RanksDieWhenLauncherIsKilled) {
+  auto launcher = start({"--nproc-per-node", "2"}, publish("pid", "$$") + "exec sleep 60");
+  ASSERT_TRUE(wait_for("pid", {0, 1}));
+  kill(launcher->pid(), SIGKILL);  // no chance to clean up: PR_SET_PDEATHSIG must do it
+  Outcome o = launcher->finish();
+  EXPECT_EQ(o.exit_code, 128 + SIGKILL);
+  EXPECT_EQ(survivors(pids("pid", {0, 1}), 2.0), std::vector<pid_t>{});
+}
+
+// ---------------------------------------------------------------- bad input
+
+TEST_F(Launcher, MissingProgramIsNamed) {
+  std::vector<std::string> args{FSDPP_RUN_PATH, "--nproc-per-node", "2", "fsdpp-no-such-program"};
+  Outcome o = Launched(args, {}).finish();
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 127);  // the shell's "command not found"
+  EXPECT_TRUE(contains(o.err, "cannot execute 'fsdpp-no-such-program': No such file or directory"))
+      << o.err;
+}
+
+TEST_F(Launcher, RejectsZeroProcesses) {
+  Outcome o = run_refused({"--nproc-per-node", "0"});
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_TRUE(contains(o.err, "--nproc-per-node must be at least 1, got 0")) << o.err;
+}
+
+TEST_F(Launcher, RejectsNodeRankOutsideNnodes) {
+  Outcome o = run_refused({"--nnodes", "2", "--node-rank", "2"});
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_TRUE(contains(o.err, "--node-rank")) << o.err;
+  EXPECT_TRUE(contains(o.err, "got 2")) << o.err;
+}
+
+TEST_F(Launcher, RejectsInvalidPort) {
+  Outcome o = run_refused({"--master-port", "70000"});
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_TRUE(contains(o.err, "--master-port")) << o.err;
+  EXPECT_TRUE(contains(o.err, "70000")) << o.err;
+  Outcome p = run_refused({"--master-port", "http"});
+  EXPECT_EQ(p.exit_code, 2);
+  EXPECT_TRUE(contains(p.err, "http")) << p.err;
+}
+
+TEST_F(Launcher, RejectsUnknownOption) {
+  Outcome o = run_refused({"--nproc-per-nod", "2"});
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_TRUE(contains(o.err, "--nproc-per-nod")) << o.err;
+}
+
+TEST_F(Launcher, HelpDocumentsEveryOption) {
+  Outcome o = Launched({FSDPP_RUN_PATH, "--help"}, {}).finish();
+  EXPECT_EQ(o.exit_code, 0);
+  for (const char* flag : {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
+                           "--master-port", "--kill-grace-seconds", "--nproc_per_node"})
+    EXPECT_TRUE(contains(o.out, flag)) << flag << " missing from:\n" << o.out;
+}
+
+}  // namespace

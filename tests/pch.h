@@ -1,0 +1,4 @@
+// Precompiled header for the tests.
+#pragma once
+#include <gtest/gtest.h>
+#include <ATen/ATen.h>
