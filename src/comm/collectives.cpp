@@ -155,15 +155,80 @@ void run_all_gather(const ProcessGroupImpl& g, const at::Tensor& output, const a
   wait_all(g, works);
 }
 
-// reduce_scatter as one all-to-all (rank j receives every rank's chunk j) and a local
-// reduction: (N-1)/N of input on the wire, where allreduce-then-slice would send twice that.
-void run_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+// reduce_scatter in a ring: N-1 steps, each passing one chunk-sized partial sum to the next
+// rank, so a rank sends (N-1)/N of the input (allreduce-then-slice would send twice that).
+// Chunks travel in segments of at most 1 MiB, like Gloo's own ring, so adding one segment
+// overlaps receiving the next, and a finished segment is forwarded at once.
+void ring_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  const int n = g.size(), r = g.rank;
+  const int next = (r + 1) % n, prev = (r - 1 + n) % n;
+  at::Tensor chunks = input.reshape({n, -1});
+  at::Tensor out = output.reshape({-1});
+  const int64_t chunk_numel = out.numel();
+  const int64_t segment = std::max<int64_t>(1, (int64_t{1} << 20) / input.element_size());
+  const int64_t segments = (chunk_numel + segment - 1) / segment;
+  auto seg = [&](const at::Tensor& t, int64_t i) {
+    return t.narrow(0, i * segment, std::min(segment, chunk_numel - i * segment));
+  };
+  auto combine = [op](at::Tensor into, const at::Tensor& a, const at::Tensor& b) {
+    if (op == ReduceOp::MIN) at::minimum_out(into, a, b);
+    else if (op == ReduceOp::MAX) at::maximum_out(into, a, b);
+    else at::add_out(into, a, b);
+  };
+  auto post_send = [&](const at::Tensor& t, int64_t i, int step, std::vector<c10::intrusive_ptr<c10d::Work>>& sends) {
+    std::vector<at::Tensor> v{as_wire(seg(t, i))};
+    sends.push_back(g.backend->send(v, next, static_cast<int>(step * segments + i)));
+  };
+  // Scratch: one chunk to receive into, two to build partial sums in (one may still be in flight),
+  // kept by the group between calls: fresh pages cost more than the arithmetic.
+  at::Tensor scratch = g.scratch(3 * chunk_numel * input.element_size()).view(input.scalar_type()).view({3, chunk_numel});
+  at::Tensor recv = scratch[0];
+  at::Tensor partial[2] = {scratch[1], scratch[2]};
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends_in_flight[2];
+  for (int64_t i = 0; i < segments; ++i) post_send(chunks[prev], i, 0, sends_in_flight[0]);
+  for (int step = 0; step < n - 1; ++step) {
+    std::vector<c10::intrusive_ptr<c10d::Work>> recvs;
+    for (int64_t i = 0; i < segments; ++i) {
+      std::vector<at::Tensor> v{as_wire(seg(recv, i))};
+      recvs.push_back(g.backend->recv(v, prev, static_cast<int>(step * segments + i)));
+    }
+    const bool last = step == n - 2;
+    const at::Tensor own = chunks[((r - step - 2) % n + n) % n];  // the chunk whose partial arrives now
+    at::Tensor& target = last ? out : partial[step % 2];
+    auto& sends = sends_in_flight[(step + 1) % 2];
+    wait_all(g, sends);  // `target` was last sent two steps ago
+    sends.clear();
+    for (int64_t i = 0; i < segments; ++i) {
+      recvs[i]->wait(g.timeout);
+      combine(seg(target, i), seg(recv, i), seg(own, i));
+      if (!last) post_send(target, i, step + 1, sends);
+    }
+  }
+  wait_all(g, sends_in_flight[0]);
+  wait_all(g, sends_in_flight[1]);
+  if (op == ReduceOp::AVG) out.div_(n);
+}
+
+// For half precision: one all-to-all (rank j receives every rank's chunk j) and a float32
+// reduction, so the result is rounded once rather than at every hop of a ring.
+void all_to_all_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input,
+                               ReduceOp op) {
   const int n = g.size();
   at::Tensor received = at::empty({input.numel()}, input.options());
   at::Tensor recv_wire = as_wire(received), send_wire = as_wire(input);
   std::vector<int64_t> equal;
   g.backend->alltoall_base(recv_wire, send_wire, equal, equal)->wait(g.timeout);
   reduce_chunks(received.view({n, -1}), output, op, n);
+}
+
+void run_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  if (g.size() == 1) {
+    output.reshape({-1}).copy_(input.reshape({-1}));
+    return;
+  }
+  const auto dtype = input.scalar_type();
+  if (dtype == at::kBFloat16 || dtype == at::kHalf) return all_to_all_reduce_scatter(g, output, input, op);
+  ring_reduce_scatter(g, output, input, op);
 }
 
 // For dtypes Gloo cannot reduce (bfloat16): reduce_scatter then all_gather on a padded copy.

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -28,6 +29,13 @@ struct ProcessGroupImpl {
   // Runs this group's collectives in issue order, so the order is the same on every rank
   // whether a collective is synchronous or not. Null when not a member.
   std::unique_ptr<CommThread> comm_thread;
+
+  // Reusable bytes for collectives that need temporaries; only the comm thread touches it.
+  mutable at::Tensor scratch_bytes;
+  at::Tensor scratch(int64_t bytes) const {
+    if (!scratch_bytes.defined() || scratch_bytes.numel() < bytes) scratch_bytes = at::empty({bytes}, at::kByte);
+    return scratch_bytes.narrow(0, 0, bytes);
+  }
 
   int size() const { return static_cast<int>(ranks.size()); }
   // "group world (rank 1 of 4)"

@@ -1,6 +1,8 @@
 // CommDebugMode reports, per collective, the calls and the exact bytes this rank sent.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <ATen/ATen.h>
 
 #include <fsdpp/collectives.h>
@@ -69,6 +71,44 @@ TEST_P(CommDebugModeTest, TreeBroadcastSendsAddUpToOneCopyPerReceiver) {
     for (int r = 0; r < n; ++r) total += detail::tree_broadcast_sends(r, root, n);
     EXPECT_EQ(total, n - 1) << "root " << root;
   }
+}
+
+// The counts are not a model only: the kernel's count of bytes this process wrote (sockets
+// included) must equal them, plus Gloo's small per-message headers.
+int64_t kernel_bytes_written() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (io >> key >> value)
+    if (key == "wchar:") return value;
+  return -1;
+}
+
+TEST_P(CommDebugModeTest, CountedBytesAreWhatTheKernelSent) {
+  testing::RunOptions options;
+  options.check_collectives = false;  // its small exchange would add bytes of its own
+  testing::run_ranks(GetParam(), [](RankContext& ctx) {
+    const int64_t n = ctx.world_size;
+    at::Tensor full = at::ones({1000003 / n * n}), shard = at::ones({1000003 / n});
+    at::Tensor bf = at::ones({1000003}, at::kBFloat16);
+    auto check = [&](const char* what, auto&& call) {
+      CommDebugMode mode;
+      const int64_t before = kernel_bytes_written();
+      call();
+      const int64_t written = kernel_bytes_written() - before;
+      EXPECT_GE(written, mode.total_bytes_sent()) << what;
+      EXPECT_LE(written, mode.total_bytes_sent() + 16384) << what;  // headers of at most a few hundred messages
+      const bool tree_leaf = std::string(what) == "broadcast" && detail::tree_broadcast_sends(ctx.rank, 0, n) == 0;
+      if (n > 1 && !tree_leaf) {
+        EXPECT_GT(mode.total_bytes_sent(), 0) << what;
+      }
+    };
+    check("all_gather_into_tensor", [&] { all_gather_into_tensor(full, shard); });
+    check("reduce_scatter_tensor", [&] { reduce_scatter_tensor(shard, full); });
+    check("all_reduce float32", [&] { all_reduce(full); });
+    check("all_reduce bfloat16", [&] { all_reduce(bf); });
+    check("broadcast", [&] { broadcast(full, 0); });
+  }, options);
 }
 
 FSDPP_INSTANTIATE_WORLD_SIZES(CommDebugModeTest);

@@ -20,3 +20,22 @@ TEST(WireBytes, TreeBroadcastRootSendsLogNTimes) {
 
 }  // namespace
 }  // namespace fsdpp::detail
+
+namespace fsdpp::detail {
+namespace {
+
+TEST(WireBytes, RingAllReduceSendsTwiceNMinusOneOverNOfTheBuffer) {
+  for (int n : {2, 3, 4})
+    for (int rank = 0; rank < n; ++rank) {
+      const int64_t bytes = int64_t{64} << 20;  // divisible into equal segments for n = 2, 4
+      if (64 % n == 0) {
+        EXPECT_EQ(ring_all_reduce_bytes(bytes, 4, rank, n), 2 * (n - 1) * bytes / n) << n;
+      }
+      // Uneven sizes: never more than the ideal rounded up to whole segments.
+      const int64_t odd = 4 * 1000003;
+      EXPECT_LE(ring_all_reduce_bytes(odd, 4, rank, n), 2 * (n - 1) * odd / n + 2 * n * (1 << 20)) << n;
+    }
+}
+
+}  // namespace
+}  // namespace fsdpp::detail
