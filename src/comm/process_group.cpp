@@ -132,14 +132,22 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o) {
   }
   r.local_only = is_loopback(host);
   r.description = "tcp://" + host + ":" + std::to_string(port);
+  // Under torchrun the agent already serves the store on MASTER_PORT: every rank is a client,
+  // under the attempt's prefix, as PyTorch's own init_process_group does.
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const bool use_agent_store = o.init_method_ == "env://" && agent_store && std::string(agent_store) == "True";
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(port);
-  store_options.isServer = r.rank == 0;
+  store_options.isServer = r.rank == 0 && !use_agent_store;
   store_options.numWorkers = r.world_size;
   store_options.waitWorkers = true;
   store_options.timeout = o.timeout_;
   try {
     r.store = c10::make_intrusive<c10d::TCPStore>(host, store_options);
+    if (use_agent_store) {
+      const std::string attempt = std::getenv("TORCHELASTIC_RESTART_COUNT") ? std::getenv("TORCHELASTIC_RESTART_COUNT") : "0";
+      r.store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + attempt, r.store);
+    }
   } catch (const std::exception& e) {
     throw Error("rendezvous of " + std::to_string(r.world_size) + " ranks at " + r.description + " failed at rank " +
                 std::to_string(r.rank) + " within " + std::to_string(o.timeout_.count()) + " ms: " + e.what());

@@ -1,0 +1,7 @@
+#!/bin/sh
+# README command 2: install, build, and run the whole test suite.
+set -eu
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/build.sh
+cd build && ctest --output-on-failure -j2
