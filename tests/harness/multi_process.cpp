@@ -77,7 +77,14 @@ class FailureCollector : public ::testing::EmptyTestEventListener {
     }
     body(ctx);
     // Finish together: a rank that exits early would cut connections its peers still use.
-    if (ctx.world.defined() && !::testing::Test::HasFailure()) barrier(ctx.world);
+    // If this fails, a peer failed, and that peer reports its own failure.
+    if (ctx.world.defined() && !::testing::Test::HasFailure()) {
+      try {
+        barrier(ctx.world);
+      } catch (const std::exception& e) {
+        std::cerr << "final barrier: " << e.what() << "\n";
+      }
+    }
   } catch (const std::exception& e) {
     uncaught = std::string("uncaught exception: ") + e.what();
   } catch (...) {
@@ -187,11 +194,13 @@ void run_ranks(int world_size, const std::function<void(RankContext&)>& body, co
     const auto& p = ranks[r];
     const fs::path result = fs::path(dir) / ("rank" + std::to_string(r) + ".result");
     const std::string log = tail_lines(read_file(fs::path(dir) / ("rank" + std::to_string(r) + ".log")), 15);
-    if (p.running) {
-      ADD_FAILURE() << "rank " << r << " of " << world_size
-                    << (timed_out ? " did not finish within the deadline of " + std::to_string(options.deadline.count()) + " s"
-                                  : " was stopped after another rank failed")
-                    << " (killed). Its last output:\n" << log;
+    if (p.running && timed_out) {
+      ADD_FAILURE() << "rank " << r << " of " << world_size << " did not finish within the deadline of "
+                    << options.deadline.count() << " s (killed). Its last output:\n" << log;
+      continue;
+    }
+    if (p.running) {  // stopped after another rank failed: that rank's report says why
+      std::cerr << "rank " << r << " of " << world_size << " was stopped after another rank failed\n";
       continue;
     }
     bool ok = WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0;
