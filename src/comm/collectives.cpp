@@ -244,6 +244,11 @@ void run_all_reduce_by_scatter_gather(const ProcessGroupImpl& g, const at::Tenso
   flat.copy_(padded.narrow(0, 0, numel));
 }
 
+// `src` is a global rank, as in PyTorch; Gloo wants the group rank.
+int group_root(const ProcessGroup& group, int src) {
+  return (group.defined() ? group : default_group()).group_rank(src);
+}
+
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::MIN: return c10d::ReduceOp::MIN;
@@ -313,8 +318,7 @@ Work all_reduce(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group
 Work broadcast(const at::Tensor& tensor, int src, const ProcessGroup& group, bool async_op) {
   const auto& g = detail::member_group(group, "broadcast");
   require_tensor(tensor, "broadcast", "input");
-  ProcessGroup handle = group.defined() ? group : default_group();
-  const int root = handle.group_rank(src);
+  const int root = group_root(group, src);
   Intent intent;
   intent.fields[Intent::kDtype] = static_cast<int64_t>(tensor.scalar_type());
   intent.fields[Intent::kInput] = tensor.numel();
@@ -432,8 +436,7 @@ Work barrier(const ProcessGroup& group, bool async_op) {
 
 Work broadcast_bytes(std::string& bytes, int src, const ProcessGroup& group, bool async_op) {
   const auto& g = detail::member_group(group, "broadcast_bytes");
-  ProcessGroup handle = group.defined() ? group : default_group();
-  const int root = handle.group_rank(src);
+  const int root = group_root(group, src);
   Intent intent;
   intent.fields[Intent::kRoot] = src;
   // Only the root knows the size before the exchange, so this one is counted when it ends.

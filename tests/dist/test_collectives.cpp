@@ -12,11 +12,13 @@
 #include <fsdpp/error.h>
 
 #include "dist/world_sizes.h"
+#include "harness/error_of.h"
 #include "harness/multi_process.h"
 
 namespace fsdpp {
 namespace {
 
+using testing::error_of;
 using testing::RankContext;
 using testing::run_ranks;
 
@@ -208,16 +210,6 @@ FSDPP_INSTANTIATE_WORLD_SIZES(Collectives);
 
 // Bad input: every misuse is an fsdpp::Error naming what was wrong, never a crash or a hang.
 class CollectivesBadInput : public testing::WorldSizeTest {};
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 TEST_P(CollectivesBadInput, SizesThatDifferAcrossRanks) {
   run_ranks(GetParam(), [](RankContext& ctx) {

@@ -7,6 +7,7 @@
 #include <fsdpp/device_mesh.h>
 #include <fsdpp/error.h>
 
+#include "harness/error_of.h"
 #include "harness/multi_process.h"
 
 namespace fsdpp {
@@ -74,18 +75,14 @@ TEST(DeviceMesh, MeshOverASubGroup) {
 
 TEST(DeviceMesh, Errors) {
   testing::run_ranks(2, [](RankContext& ctx) {
-    auto message = [](auto&& f) {
-      try { f(); } catch (const Error& e) { return std::string(e.what()); }
-      return std::string("no error");
-    };
-    std::string m = message([&] { init_device_mesh(ctx.world, {3}); });
+    std::string m = testing::error_of([&] { init_device_mesh(ctx.world, {3}); });
     EXPECT_NE(m.find("a mesh of 3 ranks does not match group world of size 2"), std::string::npos) << m;
-    m = message([&] { init_device_mesh(ctx.world, {2}, {"a", "b"}); });
+    m = testing::error_of([&] { init_device_mesh(ctx.world, {2}, {"a", "b"}); });
     EXPECT_NE(m.find("2 dimension names (a, b) for a mesh of 1 dimensions"), std::string::npos) << m;
     DeviceMesh mesh = init_device_mesh(ctx.world, {1, 2}, {"replicate", "shard"});
-    m = message([&] { mesh["tp"]; });
+    m = testing::error_of([&] { mesh["tp"]; });
     EXPECT_NE(m.find("no dimension named 'tp' in (replicate, shard)"), std::string::npos) << m;
-    m = message([&] { mesh.get_group(); });
+    m = testing::error_of([&] { mesh.get_group(); });
     EXPECT_NE(m.find("needs a 1-D mesh"), std::string::npos) << m;
   });
 }

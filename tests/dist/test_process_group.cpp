@@ -14,11 +14,13 @@
 #include <fsdpp/process_group.h>
 
 #include "dist/world_sizes.h"
+#include "harness/error_of.h"
 #include "harness/multi_process.h"
 
 namespace fsdpp {
 namespace {
 
+using testing::error_of;
 using testing::RankContext;
 
 int free_port() {
@@ -31,16 +33,6 @@ int free_port() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return ntohs(addr.sin_port);
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 class ProcessGroupTest : public testing::WorldSizeTest {};
