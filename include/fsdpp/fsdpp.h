@@ -7,3 +7,4 @@
 #include <fsdpp/memory.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/work.h>
+#include <fsdpp/zero_redundancy_optimizer.h>
