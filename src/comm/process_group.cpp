@@ -155,10 +155,12 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o) {
   return r;
 }
 
-// Every member checks in on the store and waits, within the timeout, for the others, so a
-// rank that never arrives is named (Gloo's own rendezvous would wait its fixed 5 minutes).
-void wait_for_members(const detail::ProcessGroupImpl& g, const c10::intrusive_ptr<c10d::Store>& store) {
-  auto key = [](int rank) { return "arrived/" + std::to_string(rank); };
+// Every member checks in on the store under `stage` and waits, within the timeout, for the
+// others, so a rank that never arrives is named (Gloo's own rendezvous would wait its fixed
+// 5 minutes).
+void wait_for_members(const detail::ProcessGroupImpl& g, const c10::intrusive_ptr<c10d::Store>& store,
+                      const std::string& stage) {
+  auto key = [&](int rank) { return stage + "/" + std::to_string(rank); };
   store->set(key(g.rank), std::vector<uint8_t>{1});
   std::vector<std::string> keys;
   for (int r = 0; r < g.size(); ++r) keys.push_back(key(r));
@@ -176,15 +178,20 @@ void wait_for_members(const detail::ProcessGroupImpl& g, const c10::intrusive_pt
 // Connects this process to the other members through a Gloo process group.
 c10::intrusive_ptr<c10d::ProcessGroup> connect(const detail::ProcessGroupImpl& g, bool local_only) {
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("fsdpp/" + g.name + "/", g.store);
-  wait_for_members(g, prefixed);
+  wait_for_members(g, prefixed, "arrived");
   auto options = c10d::ProcessGroupGloo::Options::create(g.timeout);
   options->devices.push_back(gloo_device(local_only));
   options->threads = 1;  // the comm thread already serializes a group's collectives
+  c10::intrusive_ptr<c10d::ProcessGroup> backend;
   try {
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, g.rank, g.size(), options);
+    backend = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, g.rank, g.size(), options);
   } catch (const std::exception& e) {
     throw Error("connecting " + g.where() + " with ranks " + list_ranks(g.ranks) + " failed: " + e.what());
   }
+  // As PyTorch's store-based barrier: nobody leaves before everyone is connected, or a rank
+  // that finishes early would close connections a peer is still setting up.
+  wait_for_members(g, prefixed, "connected");
+  return backend;
 }
 
 }  // namespace
