@@ -3,7 +3,9 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/device_mesh.h>
+#include <fsdpp/distributed_data_parallel.h>
 #include <fsdpp/error.h>
+#include <fsdpp/join.h>
 #include <fsdpp/memory.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/work.h>

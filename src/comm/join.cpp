@@ -1,6 +1,7 @@
 // Join: uneven inputs. A joined rank shadows the collectives of the ranks still training.
 #include <fsdpp/collectives.h>
-#include <fsdpp/zero_redundancy_optimizer.h>
+#include <fsdpp/error.h>
+#include <fsdpp/join.h>
 
 namespace fsdpp {
 namespace {

@@ -1,0 +1,113 @@
+#pragma once
+// The gradient reducer behind DistributedDataParallel: buckets, the backward hooks that fill
+// them, the asynchronous reductions and the end-of-backward finalization. Private to fsdpp.
+//
+// One backward with synchronization on, in order:
+//  1. The first gradient hook of the backward resets the per-backward state and queues
+//     finalize_backward() with the autograd engine (it runs when backward ends).
+//  2. Each parameter's hook (after AccumulateGrad wrote `.grad`) copies the gradient into its
+//     bucket slot; when a bucket's last gradient is in, it and every ready bucket after it
+//     are launched, strictly in bucket order so that all ranks issue the same collectives.
+//  3. After each hook, buckets whose reduction already completed are finished in order
+//     (`.grad` written, bucket-reduced callbacks run).
+//  4. finalize_backward: parameters that got no gradient are an error, or with
+//     find_unused_parameters are marked ready (zeros, or their accumulated `.grad`); the
+//     used-parameter map is all-reduced; every bucket is waited for and finished.
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <fsdpp/distributed_data_parallel.h>
+
+namespace fsdpp::detail {
+
+class Reducer : public std::enable_shared_from_this<Reducer> {
+ public:
+  struct NamedTensor {
+    std::string name;
+    at::Tensor tensor;
+  };
+
+  // `parameters`: the module's parameters that require grad, in registration order, each once.
+  static std::shared_ptr<Reducer> create(std::vector<NamedTensor> parameters, ProcessGroup group,
+                                         DistributedDataParallelOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  const DistributedDataParallelOptions& options() const { return options_; }
+  const ProcessGroup& group() const { return group_; }
+
+  // Returns the previous value.
+  bool set_sync_enabled(bool enabled);
+  void register_comm_hook(CommHook hook);
+  void register_bucket_reduced_callback(BucketReducedCallback callback);
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs);
+
+  std::vector<std::vector<std::string>> bucket_parameter_names() const;
+  size_t num_buckets() const { return buckets_.size(); }
+
+ private:
+  struct Param {
+    std::string name;
+    at::Tensor tensor;
+    size_t bucket = 0;
+    size_t slot = 0;  // position in the bucket
+    std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive so our hook stays on it
+    uintptr_t hook_key = 0;
+  };
+  struct Bucket {
+    GradBucket grad_bucket;       // what hooks and callbacks see
+    std::vector<size_t> params;   // indices into params_
+    size_t pending = 0;           // gradients not yet in during this backward
+    bool launched = false;
+    bool finished = false;
+    Work work;
+  };
+  class GradReadyHook;
+
+  Reducer(std::vector<NamedTensor> parameters, ProcessGroup group, DistributedDataParallelOptions options);
+  void build_buckets();
+  void install_hooks();
+
+  void on_gradient(size_t index);  // a parameter's AccumulateGrad post hook
+  void begin_backward();
+  void finalize_backward();
+  void mark_ready(size_t index);
+  void launch_ready_buckets();
+  // Finishes launched buckets in order; without `wait`, only those already complete whose
+  // parameters all got a gradient in this backward.
+  void finish_buckets(bool wait);
+  void finish_bucket(Bucket& bucket);
+  // After an error: waits for launched reductions (ignoring their errors) and resets.
+  void abort_backward() noexcept;
+  void reset_backward_state();
+  std::string where() const;
+
+  std::vector<Param> params_;
+  std::vector<Bucket> buckets_;
+  ProcessGroup group_;
+  DistributedDataParallelOptions options_;
+  CommHook comm_hook_;
+  std::vector<BucketReducedCallback> reduced_callbacks_;
+
+  // Guards everything below; recursive because user hooks and callbacks run under it.
+  mutable std::recursive_mutex mutex_;
+  bool sync_enabled_ = true;
+  bool in_backward_ = false;
+  std::vector<char> ready_;             // this backward
+  std::vector<char> got_gradient_;      // this backward: the hook fired
+  std::vector<char> used_since_sync_;   // any backward since the last synchronized one
+  std::vector<char> globally_used_;     // after the used-map all_reduce (all 1 without find_unused)
+  std::vector<char> reachable_;         // from prepare_for_backward since the last synchronized backward
+  bool have_reachability_ = false;
+  size_t next_to_launch_ = 0;
+  size_t next_to_finish_ = 0;
+};
+
+}  // namespace fsdpp::detail
