@@ -41,6 +41,8 @@ struct DistributedDataParallelOptions {
   // The group whose ranks replicate the model; empty means the default group.
   DistributedDataParallelOptions& process_group(ProcessGroup v) { process_group_ = std::move(v); return *this; }
   // Bucket capacity in MiB (fractions allowed). A parameter larger than the cap gets a bucket of its own.
+  // As in PyTorch, the first bucket (the last layers) is capped at min(1 MiB, this) so that
+  // communication starts early in backward.
   DistributedDataParallelOptions& bucket_cap_mb(double v) { bucket_cap_mb_ = v; return *this; }
   // Broadcast rank 0's buffers at the start of every forward made through the DDP object.
   DistributedDataParallelOptions& broadcast_buffers(bool v) { broadcast_buffers_ = v; return *this; }

@@ -81,9 +81,13 @@ Reducer::~Reducer() {
 // would take it past the cap.
 void Reducer::build_buckets() {
   const double cap_bytes = options_.bucket_cap_mb_ * 1024.0 * 1024.0;
+  // As PyTorch, the first bucket (the last layers' gradients) holds at most 1 MiB, so its
+  // all_reduce starts early in backward and overlaps the rest.
+  const double first_cap_bytes = std::min(cap_bytes, 1024.0 * 1024.0);
   struct Open {
     std::vector<size_t> params;
     int64_t bytes = 0;
+    bool first = true;
   };
   std::map<std::pair<int, std::string>, Open> open;
   std::vector<std::vector<size_t>> groups;
@@ -92,9 +96,11 @@ void Reducer::build_buckets() {
     auto key = std::make_pair(static_cast<int>(t.scalar_type()), t.device().str());
     Open& bucket = open[key];
     const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
-    if (!bucket.params.empty() && static_cast<double>(bucket.bytes + bytes) > cap_bytes) {
+    const double cap = bucket.first ? first_cap_bytes : cap_bytes;
+    if (!bucket.params.empty() && static_cast<double>(bucket.bytes + bytes) > cap) {
       groups.push_back(std::move(bucket.params));
       bucket = Open{};
+      bucket.first = false;
     }
     bucket.params.push_back(k);
     bucket.bytes += bytes;
