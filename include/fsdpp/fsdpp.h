@@ -5,6 +5,7 @@
 #include <fsdpp/device_mesh.h>
 #include <fsdpp/distributed_data_parallel.h>
 #include <fsdpp/error.h>
+#include <fsdpp/fully_shard.h>
 #include <fsdpp/join.h>
 #include <fsdpp/memory.h>
 #include <fsdpp/process_group.h>

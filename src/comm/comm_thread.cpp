@@ -65,6 +65,9 @@ void CommThread::loop() {
     } catch (const std::exception& e) {
       error = std::make_exception_ptr(Error(task.state->description + " failed: " + e.what()));
     }
+    // Drop the collective's tensors before reporting completion: a caller that frees its
+    // buffers after wait() must find them unreferenced.
+    task.run = nullptr;
     task.state->finish(error);
   }
 }

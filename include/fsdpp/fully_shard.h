@@ -1,0 +1,269 @@
+#pragma once
+// Fully sharded data parallel (PyTorch's FSDP): the FSDP1-style wrapper
+// fsdpp::FullyShardedDataParallel over the FSDP2 engine (per-parameter dim-0 sharding).
+//
+//   torch::manual_seed(0);                                    // the same model on every rank
+//   auto block = fsdpp::FullyShardedDataParallel<torch::nn::LinearImpl>(torch::nn::Linear(7, 15));
+//   torch::nn::Sequential net(block, torch::nn::ReLU(), torch::nn::Linear(15, 3));
+//   auto model = fsdpp::FullyShardedDataParallel<torch::nn::SequentialImpl>(net);  // the root
+//   torch::optim::Adam opt(model->parameters(), 1e-2);         // after wrapping: holds the shards
+//   auto loss = model->forward(x).mean();                      // each rank its own batch slice
+//   loss.backward();                                           // .grad = this rank's shard of the mean gradient
+//   opt.step();
+//
+// Wrapping shards every parameter of the wrapped module that no inner wrapper owns: each is
+// split on dim 0 into group-size chunks of ceil(dim0 / size) rows (the last chunks padded),
+// and the module's own parameter tensors (same TensorImpl) then hold this rank's rows: shape
+// (rows of this rank, trailing dims...); a 0-dim parameter becomes 1-D. forward() all-gathers
+// the unit's parameters (one flat buffer per unit), points each parameter at a view of the
+// full value, runs the wrapped module's forward, and reshards afterwards when
+// reshard_after_forward is set (never for the root: the outermost wrapper that ran forward
+// first). Backward re-gathers resharded units before their backward, then reduce-scatters the
+// gradient averaged over the group into each parameter's shard-shaped `.grad`, adding to a
+// `.grad` that was not zeroed. Parameters are back to shards when backward ends.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <fsdpp/device_mesh.h>
+#include <fsdpp/process_group.h>
+
+namespace torch::nn {
+class SequentialImpl;
+}
+
+namespace fsdpp {
+
+struct FullyShardOptions {
+  // The group the parameters are sharded across; empty means the default group.
+  FullyShardOptions& process_group(ProcessGroup v) { process_group_ = std::move(v); return *this; }
+  // A 1-D mesh to shard across (its group); takes precedence over process_group.
+  FullyShardOptions& mesh(DeviceMesh v) { mesh_ = std::move(v); return *this; }
+  // Free the gathered parameters after forward and gather them again for backward
+  // (less memory, one more all-gather per step). Ignored by the root, which keeps them.
+  FullyShardOptions& reshard_after_forward(bool v) { reshard_after_forward_ = v; return *this; }
+
+  ProcessGroup process_group_;
+  DeviceMesh mesh_;
+  bool reshard_after_forward_ = true;
+};
+
+namespace detail {
+class FSDPState;
+}
+
+// What unshard(async_op = true) returns: wait() finishes the all-gather and installs the
+// unsharded parameters.
+class UnshardHandle {
+ public:
+  UnshardHandle() = default;
+  explicit UnshardHandle(std::weak_ptr<detail::FSDPState> state) : state_(std::move(state)) {}
+  void wait();
+
+ private:
+  std::weak_ptr<detail::FSDPState> state_;
+};
+
+// The untyped part of every FullyShardedDataParallel (FSDP2's FSDPModule): everything but
+// the typed forward. Find the units of a model with dynamic_cast over model->modules().
+class FSDPModule : public torch::nn::Module {
+ public:
+  ~FSDPModule() override;
+
+  // All-gathers this unit's parameters (only this unit's, not inner units') and makes them
+  // full tensors. With async_op, the gather runs in the background until handle.wait() or
+  // the next forward.
+  UnshardHandle unshard(bool async_op = false);
+  // Makes this unit's parameters shards again and frees the gathered memory.
+  void reshard();
+  // Off: backward keeps full gradients inside FSDP (summed over backwards) and communicates
+  // nothing; the first backward with it on reduce-scatters the sum into `.grad` (gradient
+  // accumulation without communication, like DDP's no_sync). Applies to this unit and, with
+  // recurse, to the units inside it.
+  void set_requires_gradient_sync(bool value, bool recurse = true);
+  // Off: a backward without gradient sync leaves this unit's parameters unsharded, so the
+  // next microbatch's forward gathers nothing. A backward that syncs always reshards (the
+  // gradients are shard-shaped and belong to the shards).
+  void set_reshard_after_backward(bool value, bool recurse = true);
+  // Units whose all-gather this unit's forward (backward) starts before waiting for its own,
+  // in this order; replaces the implicit prefetch of the next (previous) unit. Every rank
+  // must set the same. An empty list turns prefetching off for this unit.
+  void set_modules_to_forward_prefetch(const std::vector<std::shared_ptr<FSDPModule>>& modules);
+  void set_modules_to_backward_prefetch(const std::vector<std::shared_ptr<FSDPModule>>& modules);
+  // Changes reshard_after_forward of this unit (and of the inner units with recurse).
+  void set_reshard_after_forward(bool value, bool recurse = true);
+
+  // The wrapped module.
+  const std::shared_ptr<torch::nn::Module>& wrapped_module() const { return module_; }
+  const FullyShardOptions& options() const { return options_; }
+  const ProcessGroup& process_group() const;
+  // True once this unit ran forward as the outermost unit.
+  bool is_root() const;
+  // Names (relative to the wrapped module) of the parameters this unit shards.
+  std::vector<std::string> sharded_parameter_names() const;
+  // Elements of this unit's flat all-gather buffer (all ranks' padded shards).
+  int64_t unsharded_padded_numel() const;
+
+  const std::shared_ptr<detail::FSDPState>& fsdp_state() const { return state_; }
+
+ protected:
+  FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOptions options);
+
+  // The steps of forward, for the typed wrapper.
+  void pre_forward();
+  // Inputs (tensors requiring grad): returns aliases whose backward runs after this unit's
+  // backward and starts its reduce-scatter.
+  std::vector<at::Tensor> register_post_backward(const std::vector<at::Tensor>& inputs);
+  void post_forward();
+  // Outputs (tensors requiring grad): returns aliases whose backward first gathers the
+  // parameters again when they were resharded.
+  std::vector<at::Tensor> register_pre_backward(const std::vector<at::Tensor>& outputs);
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  FullyShardOptions options_;
+  std::shared_ptr<detail::FSDPState> state_;
+};
+
+namespace detail {
+
+// The signature of M::forward as a function type; specialize for modules whose forward is a
+// template (Sequential: Tensor(Tensor)), or pass the signature to FullyShardedDataParallel.
+template <typename T>
+struct forward_signature : forward_signature<decltype(&T::forward)> {};
+template <typename C, typename R, typename... A>
+struct forward_signature<R (C::*)(A...)> {
+  using type = R(A...);
+};
+template <typename C, typename R, typename... A>
+struct forward_signature<R (C::*)(A...) const> {
+  using type = R(A...);
+};
+template <>
+struct forward_signature<torch::nn::SequentialImpl> {
+  using type = at::Tensor(at::Tensor);
+};
+
+// Visits the tensors in a forward's arguments or result: a Tensor, a vector of them, a tuple
+// or pair (nested); anything else holds none.
+template <typename T, typename F>
+void for_each_tensor(T&, F&) {}
+template <typename F>
+void for_each_tensor(at::Tensor& t, F& f) {
+  f(t);
+}
+template <typename F>
+void for_each_tensor(std::vector<at::Tensor>& ts, F& f) {
+  for (auto& t : ts) f(t);
+}
+template <typename... Ts, typename F>
+void for_each_tensor(std::tuple<Ts...>& t, F& f);
+template <typename A, typename B, typename F>
+void for_each_tensor(std::pair<A, B>& p, F& f);
+template <typename... Ts, typename F>
+void for_each_tensor(std::tuple<Ts...>& t, F& f) {
+  std::apply([&](auto&... e) { (for_each_tensor(e, f), ...); }, t);
+}
+template <typename A, typename B, typename F>
+void for_each_tensor(std::pair<A, B>& p, F& f) {
+  for_each_tensor(p.first, f);
+  for_each_tensor(p.second, f);
+}
+
+// Replaces the tensors of `value` that require grad by register(those tensors).
+template <typename T, typename Register>
+void wrap_grad_tensors(T& value, Register&& register_fn) {
+  std::vector<at::Tensor> found;
+  auto collect = [&](at::Tensor& t) {
+    if (t.defined() && t.requires_grad()) found.push_back(t);
+  };
+  for_each_tensor(value, collect);
+  if (found.empty()) return;
+  std::vector<at::Tensor> replaced = register_fn(found);
+  size_t next = 0;
+  auto replace = [&](at::Tensor& t) {
+    if (t.defined() && t.requires_grad() && next < replaced.size()) t = replaced[next++];
+  };
+  for_each_tensor(value, replace);
+}
+
+// Gives the wrapper a non-template forward with exactly the wrapped signature, so
+// Sequential, ModuleList and AnyModule hold it in the wrapped module's place.
+template <typename Derived, typename Signature>
+class FSDPForward;
+template <typename Derived, typename R, typename... A>
+class FSDPForward<Derived, R(A...)> {
+ public:
+  R forward(A... args) {
+    std::tuple<std::decay_t<A>...> inputs(std::forward<A>(args)...);
+    return static_cast<Derived*>(this)->template run_forward<R, A...>(inputs, std::index_sequence_for<A...>{});
+  }
+};
+
+}  // namespace detail
+
+template <typename M, typename Signature = typename detail::forward_signature<M>::type>
+class FullyShardedDataParallelImpl
+    : public FSDPModule,
+      public detail::FSDPForward<FullyShardedDataParallelImpl<M, Signature>, Signature> {
+ public:
+  explicit FullyShardedDataParallelImpl(std::shared_ptr<M> module, FullyShardOptions options = {})
+      : FSDPModule(module, std::move(options)), typed_(std::move(module)) {}
+  explicit FullyShardedDataParallelImpl(torch::nn::ModuleHolder<M> module, FullyShardOptions options = {})
+      : FullyShardedDataParallelImpl(module.ptr(), std::move(options)) {}
+
+  using detail::FSDPForward<FullyShardedDataParallelImpl<M, Signature>, Signature>::forward;
+
+  // The wrapped module, typed.
+  const std::shared_ptr<M>& module() const { return typed_; }
+
+ private:
+  friend class detail::FSDPForward<FullyShardedDataParallelImpl<M, Signature>, Signature>;
+
+  template <typename R, typename... A, typename Tuple, size_t... I>
+  R run_forward(Tuple& inputs, std::index_sequence<I...>) {
+    pre_forward();
+    const bool grad = torch::autograd::GradMode::is_enabled();
+    if (grad) detail::wrap_grad_tensors(inputs, [this](const std::vector<at::Tensor>& ts) { return register_post_backward(ts); });
+    if constexpr (std::is_void_v<R>) {
+      typed_->forward(static_cast<A&&>(std::get<I>(inputs))...);
+      post_forward();
+    } else {
+      R output = typed_->forward(static_cast<A&&>(std::get<I>(inputs))...);
+      post_forward();
+      if (grad) detail::wrap_grad_tensors(output, [this](const std::vector<at::Tensor>& ts) { return register_pre_backward(ts); });
+      return output;
+    }
+  }
+
+  std::shared_ptr<M> typed_;
+};
+
+// The module holder (like torch::nn::Linear for LinearImpl):
+//   fsdpp::FullyShardedDataParallel<torch::nn::LinearImpl> fc(torch::nn::Linear(7, 15), options);
+//   fsdpp::FullyShardedDataParallel fc2(torch::nn::Linear(7, 15));    // deduced
+template <typename M, typename Signature = typename detail::forward_signature<M>::type>
+class FullyShardedDataParallel : public torch::nn::ModuleHolder<FullyShardedDataParallelImpl<M, Signature>> {
+ public:
+  using torch::nn::ModuleHolder<FullyShardedDataParallelImpl<M, Signature>>::ModuleHolder;
+};
+
+template <typename M>
+FullyShardedDataParallel(torch::nn::ModuleHolder<M>) -> FullyShardedDataParallel<M>;
+template <typename M>
+FullyShardedDataParallel(torch::nn::ModuleHolder<M>, FullyShardOptions) -> FullyShardedDataParallel<M>;
+template <typename M>
+FullyShardedDataParallel(std::shared_ptr<M>) -> FullyShardedDataParallel<M>;
+template <typename M>
+FullyShardedDataParallel(std::shared_ptr<M>, FullyShardOptions) -> FullyShardedDataParallel<M>;
+
+}  // namespace fsdpp

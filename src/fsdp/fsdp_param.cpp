@@ -1,0 +1,117 @@
+#include "fsdp/fsdp_param.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <fsdpp/error.h>
+
+namespace fsdpp::detail {
+namespace {
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream out;
+  out << s;
+  return out.str();
+}
+
+bool same_binding(const at::Tensor& a, const at::Tensor& b) {
+  return a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
+         a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() && a.strides() == b.strides();
+}
+
+}  // namespace
+
+FSDPParam::FSDPParam(std::string fqn, at::Tensor param, int rank, int world_size)
+    : fqn_(std::move(fqn)), param_(std::move(param)), rank_(rank), world_size_(world_size) {
+  unsharded_size_ = param_.sizes().vec();
+  numel_ = param_.numel();
+  if (param_.dim() == 0) {
+    dim0_ = 1;
+    row_numel_ = 1;
+  } else {
+    dim0_ = param_.size(0);
+    row_numel_ = 1;
+    for (int64_t d = 1; d < param_.dim(); ++d) row_numel_ *= param_.size(d);
+  }
+  chunk_rows_ = (dim0_ + world_size_ - 1) / world_size_;
+  local_rows_ = rows_of(rank_);
+  sharded_size_ = param_.dim() == 0 ? std::vector<int64_t>{local_rows_} : unsharded_size_;
+  if (param_.dim() > 0) sharded_size_[0] = local_rows_;
+}
+
+int64_t FSDPParam::rows_of(int rank) const {
+  return std::max<int64_t>(0, std::min(chunk_rows_, dim0_ - rank * chunk_rows_));
+}
+
+void FSDPParam::init_sharded(const at::Tensor& padded_chunk) {
+  at::NoGradGuard no_grad;
+  padded_chunk_ = padded_chunk;
+  sharded_view_ = padded_chunk.narrow(0, 0, local_rows_ * row_numel_).view(sharded_size_);
+  at::Tensor full = param_.detach().reshape({dim0_, row_numel_});
+  // A rank past the last row (e.g. 5 rows over 4 ranks: chunks of 2, rank 3 holds none)
+  // starts at the end.
+  const int64_t start = std::min(row_offset(rank_), dim0_);
+  sharded_view_.view({local_rows_, row_numel_}).copy_(full.narrow(0, start, local_rows_));
+  param_.mutable_grad().reset();
+  param_.set_data(sharded_view_);
+  sharded_ = true;
+}
+
+void FSDPParam::rebind_sharded(const at::Tensor& padded_chunk) {
+  if (param_.sizes() != sharded_view_.sizes())
+    throw Error("FSDP parameter '" + fqn_ + "' was replaced by a tensor of shape " + shape_str(param_.sizes()) +
+                " while sharded; expected its shard " + shape_str(sharded_view_.sizes()));
+  at::NoGradGuard no_grad;
+  padded_chunk_ = padded_chunk;
+  sharded_view_ = padded_chunk.narrow(0, 0, local_rows_ * row_numel_).view(sharded_size_);
+  sharded_view_.copy_(param_.detach());
+  at::Tensor& grad = param_.mutable_grad();
+  if (grad.defined()) grad = grad.to(padded_chunk.scalar_type());
+  param_.set_data(sharded_view_);
+}
+
+void FSDPParam::init_unsharded(const at::Tensor& region) {
+  unsharded_region_ = region;
+  unsharded_view_ = region.narrow(0, 0, numel_).view(unsharded_size_);
+}
+
+void FSDPParam::to_unsharded() {
+  if (!sharded_) return;
+  at::Tensor& grad = param_.mutable_grad();
+  if (grad.defined()) {
+    stashed_grad_ = grad;
+    grad.reset();
+  }
+  param_.set_data(unsharded_view_);
+  sharded_ = false;
+}
+
+void FSDPParam::to_sharded() {
+  if (sharded_) return;
+  at::Tensor& grad = param_.mutable_grad();
+  // A full-shaped gradient left here (a backward FSDP did not see) has no place in a shard.
+  grad.reset();
+  param_.set_data(sharded_view_);
+  if (stashed_grad_.defined()) {
+    grad = stashed_grad_;
+    stashed_grad_.reset();
+  }
+  sharded_ = true;
+}
+
+void FSDPParam::check_sharded_data() {
+  if (!sharded_ || same_binding(param_, sharded_view_)) return;
+  if (param_.sizes() != sharded_view_.sizes() || param_.scalar_type() != sharded_view_.scalar_type())
+    throw Error("FSDP parameter '" + fqn_ + "' was replaced by a tensor of shape " + shape_str(param_.sizes()) + " " +
+                std::string(c10::toString(param_.scalar_type())) + " while sharded; expected its shard " +
+                shape_str(sharded_view_.sizes()) + " " + std::string(c10::toString(sharded_view_.scalar_type())) +
+                " (changing the dtype or shape after wrapping is not supported)");
+  at::NoGradGuard no_grad;
+  sharded_view_.copy_(param_.detach());
+  param_.set_data(sharded_view_);
+}
+
+}  // namespace fsdpp::detail

@@ -1,0 +1,254 @@
+#include "fsdp/fsdp_param_group.h"
+
+#include <functional>
+#include <sstream>
+
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <fsdpp/collectives.h>
+#include <fsdpp/error.h>
+
+namespace fsdpp::detail {
+
+FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
+                               std::string unit_name)
+    : unit_name_(std::move(unit_name)), group_(std::move(group)) {
+  if (!group_.is_member()) throw Error("fully_shard of " + unit_name_ + ": this rank is not a member of group " + group_.name());
+  rank_ = group_.rank();
+  world_size_ = group_.size();
+  if (params.empty()) throw Error("fully_shard of " + unit_name_ + ": no parameters to shard");
+  const at::Tensor& first = params.front().second;
+  for (auto& [name, p] : params) {
+    if (p.scalar_type() != first.scalar_type() || p.device() != first.device())
+      throw Error("fully_shard of " + unit_name_ + ": parameter '" + name + "' is " +
+                  std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() + " but '" +
+                  params.front().first + "' is " + std::string(c10::toString(first.scalar_type())) + " on " +
+                  first.device().str() + "; one unit needs one dtype and device");
+    if (!p.is_contiguous() || p.layout() != at::kStrided)
+      throw Error("fully_shard of " + unit_name_ + ": parameter '" + name + "' must be a dense contiguous tensor");
+    params_.emplace_back(name, p, rank_, world_size_);
+  }
+  check_same_on_all_ranks();
+  for (auto& p : params_) {
+    shard_offsets_.push_back(shard_numel_);
+    unsharded_offsets_.push_back(shard_numel_ * world_size_);
+    shard_numel_ += p.padded_chunk_numel();
+  }
+  auto options = first.options().requires_grad(false);
+  sharded_flat_ = at::zeros({shard_numel_}, options);
+  unsharded_flat_ = at::empty({shard_numel_ * world_size_}, options);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i];
+    p.init_sharded(sharded_flat_.narrow(0, shard_offsets_[i], p.padded_chunk_numel()));
+    p.init_unsharded(unsharded_flat_.narrow(0, unsharded_offsets_[i], p.padded_chunk_numel() * world_size_));
+  }
+  free_unsharded();
+}
+
+FSDPParamGroup::~FSDPParamGroup() {
+  // Leave the parameters as shards; never throw from here.
+  try {
+    if (all_gather_output_.defined()) all_gather_work_.wait();
+    if (reduce_scatter_output_.defined()) reduce_scatter_work_.wait();
+  } catch (...) {
+  }
+}
+
+void FSDPParamGroup::check_same_on_all_ranks() {
+  // A fingerprint of the unit's parameter names, shapes and dtypes; MAX of (h, -h) over the
+  // group equals (h, -h) on every rank only if all ranks agree.
+  std::string description;
+  for (const auto& p : params_) {
+    std::ostringstream one;
+    one << "'" << p.fqn() << "' " << p.param().sizes() << " " << c10::toString(p.param().scalar_type()) << "; ";
+    description += one.str();
+  }
+  const int64_t h = static_cast<int64_t>(std::hash<std::string>{}(description) >> 1);
+  at::Tensor t = at::tensor(std::vector<int64_t>{h, -h}, at::kLong);
+  all_reduce(t, ReduceOp::MAX, group_);
+  if (t[0].item<int64_t>() != h || t[1].item<int64_t>() != -h)
+    throw Error("fully_shard of " + unit_name_ + ": the ranks' models differ; rank " + std::to_string(group_.rank()) +
+                " of group " + group_.name() + " has " + description + "build the same model on every rank");
+}
+
+void FSDPParamGroup::handle_dtype_change() {
+  bool changed = false;
+  for (const auto& p : params_) changed = changed || p.dtype_changed();
+  if (!changed) return;
+  const at::ScalarType dtype = params_.front().param().scalar_type();
+  for (const auto& p : params_)
+    if (p.param().scalar_type() != dtype)
+      throw Error("FSDP unit " + unit_name_ + ": parameter '" + p.fqn() + "' is " +
+                  std::string(c10::toString(p.param().scalar_type())) + " but '" + params_.front().fqn() + "' is " +
+                  std::string(c10::toString(dtype)) + "; one unit needs one dtype");
+  if (reduce_scatter_output_.defined() || all_gather_output_.defined())
+    throw Error("FSDP unit " + unit_name_ + ": parameters were cast while a collective was in flight");
+  auto options = sharded_flat_.options().dtype(dtype);
+  sharded_flat_ = at::zeros({shard_numel_}, options);
+  unsharded_flat_ = at::empty({shard_numel_ * world_size_}, options);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i];
+    p.rebind_sharded(sharded_flat_.narrow(0, shard_offsets_[i], p.padded_chunk_numel()));
+    p.init_unsharded(unsharded_flat_.narrow(0, unsharded_offsets_[i], p.padded_chunk_numel() * world_size_));
+  }
+  for (auto& g : accumulated_grads_)
+    if (g.defined()) g = g.to(dtype);
+  free_unsharded();
+}
+
+void FSDPParamGroup::allocate_unsharded() {
+  c10::StorageImpl* storage = unsharded_flat_.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(unsharded_flat_.numel()) * unsharded_flat_.element_size();
+  if (storage->nbytes() == nbytes) return;
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+}
+
+namespace {
+// Frees a tensor's memory now, even while other handles to its storage live on (the comm
+// thread keeps a finished collective's arguments until its next task).
+void release_storage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  storage->set_nbytes(0);
+}
+}  // namespace
+
+void FSDPParamGroup::free_unsharded() { release_storage(unsharded_flat_); }
+
+void FSDPParamGroup::unshard() {
+  if (unsharded_ || all_gather_output_.defined()) return;
+  // Optimizer steps write into the shards in place; a user's set_data is folded back here.
+  handle_dtype_change();
+  for (auto& p : params_) p.check_sharded_data();
+  all_gather_output_ = at::empty({shard_numel_ * world_size_}, sharded_flat_.options());
+  all_gather_work_ = all_gather_into_tensor(all_gather_output_, sharded_flat_, group_, /*async_op=*/true);
+}
+
+void FSDPParamGroup::wait_for_unshard() {
+  if (unsharded_) return;
+  if (!all_gather_output_.defined()) unshard();
+  at::Tensor output = std::move(all_gather_output_);
+  all_gather_output_ = at::Tensor();
+  all_gather_work_.wait();
+  at::NoGradGuard no_grad;
+  allocate_unsharded();
+  // Copy-out: rank r's chunk of parameter i goes to rows [r * chunk_rows, ...) of its region.
+  at::Tensor by_rank = output.view({world_size_, shard_numel_});
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& p = params_[i];
+    const int64_t c = p.padded_chunk_numel();
+    p.unsharded_region().view({world_size_, c}).copy_(by_rank.narrow(1, shard_offsets_[i], c));
+  }
+  release_storage(output);
+  for (auto& p : params_) p.to_unsharded();
+  unsharded_ = true;
+}
+
+void FSDPParamGroup::drop_pending_unshard() {
+  if (!all_gather_output_.defined()) return;
+  all_gather_work_.wait();
+  release_storage(all_gather_output_);
+  all_gather_output_ = at::Tensor();
+}
+
+void FSDPParamGroup::reshard() {
+  if (all_gather_output_.defined()) {
+    // A gather nobody waited for: finish it so the group stays in step, then drop it.
+    all_gather_work_.wait();
+    release_storage(all_gather_output_);
+    all_gather_output_ = at::Tensor();
+  }
+  if (!unsharded_) return;
+  for (auto& p : params_) p.to_sharded();
+  free_unsharded();
+  unsharded_ = false;
+}
+
+bool FSDPParamGroup::post_backward() {
+  if (reduce_scatter_output_.defined())
+    throw Error("FSDP unit " + unit_name_ + ": a second post-backward before the previous reduce-scatter finished");
+  std::vector<at::Tensor> grads(params_.size());
+  had_grad_.assign(params_.size(), 0);
+  bool any = false;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& g = params_[i].param().mutable_grad();
+    if (g.defined() && !params_[i].is_sharded()) {
+      grads[i] = g;
+      g.reset();
+      had_grad_[i] = 1;
+      any = true;
+    }
+  }
+  at::NoGradGuard no_grad;
+  if (accumulated_grads_.empty()) accumulated_grads_.resize(params_.size());
+  if (!requires_gradient_sync_) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!had_grad_[i]) continue;
+      if (accumulated_grads_[i].defined())
+        accumulated_grads_[i].add_(grads[i]);
+      else
+        accumulated_grads_[i] = grads[i];
+    }
+    if (reshard_after_backward_) reshard();
+    return false;
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!accumulated_grads_[i].defined()) continue;
+    grads[i] = had_grad_[i] ? accumulated_grads_[i].add_(grads[i]) : accumulated_grads_[i];
+    accumulated_grads_[i] = at::Tensor();
+    had_grad_[i] = 1;
+    any = true;
+  }
+  if (!any) {
+    reshard();
+    return false;
+  }
+  reduce_scatter_input_ = at::zeros({world_size_ * shard_numel_}, sharded_flat_.options());
+  at::Tensor by_rank = reduce_scatter_input_.view({world_size_, shard_numel_});
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!had_grad_[i]) continue;
+    const auto& p = params_[i];
+    at::Tensor rows = grads[i].reshape({p.dim0(), p.row_numel()});
+    for (int r = 0; r < world_size_; ++r) {
+      const int64_t n = p.rows_of(r);
+      if (n == 0) continue;
+      by_rank[r].narrow(0, shard_offsets_[i], n * p.row_numel()).view({n, p.row_numel()}).copy_(rows.narrow(0, p.row_offset(r), n));
+    }
+  }
+  grads.clear();
+  reshard();
+  reduce_scatter_output_ = at::empty({shard_numel_}, sharded_flat_.options());
+  reduce_scatter_work_ = reduce_scatter_tensor(reduce_scatter_output_, reduce_scatter_input_, ReduceOp::AVG, group_,
+                                               /*async_op=*/true);
+  return true;
+}
+
+void FSDPParamGroup::finalize_backward() {
+  if (!reduce_scatter_output_.defined()) return;
+  at::Tensor output = std::move(reduce_scatter_output_);
+  reduce_scatter_output_ = at::Tensor();
+  Work work = std::move(reduce_scatter_work_);
+  reduce_scatter_work_ = Work();
+  work.wait();
+  release_storage(reduce_scatter_input_);
+  reduce_scatter_input_ = at::Tensor();
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!had_grad_[i]) continue;
+    auto& p = params_[i];
+    at::Tensor shard = output.narrow(0, shard_offsets_[i], p.local_rows() * p.row_numel()).view(p.sharded_size());
+    at::Tensor& grad = p.param().mutable_grad();
+    if (grad.defined() && grad.sizes() == shard.sizes()) {
+      grad.add_(shard);
+    } else {
+      // Its own storage: optimizers' zero_grad() detaches `.grad` in place, which a view forbids.
+      grad = shard.clone();
+    }
+  }
+  release_storage(output);
+}
+
+}  // namespace fsdpp::detail

@@ -1,0 +1,98 @@
+#pragma once
+// One FSDP unit's parameters: the flat sharded buffer (this rank's padded chunks, which the
+// parameters view at rest), the all-gather into one flat buffer and the copy-out into the
+// unsharded buffer (which the parameters view during compute), and the reduce-scatter of
+// gradients into shard-shaped `.grad`.
+//
+// Layouts, with S = sum of the parameters' padded chunk sizes and N = group size:
+//   sharded flat [S]:        param 0 chunk | param 1 chunk | ...    (offsets shard_offset)
+//   all-gather output [N*S]: rank 0's sharded flat | rank 1's | ...
+//   unsharded flat [N*S]:    param 0 all rows (padded) | param 1 all rows | ...
+// The unsharded flat keeps one storage for the unit's life; resharding frees its memory
+// (the storage shrinks to 0 bytes) and unsharding reallocates it, so views that autograd
+// saved during forward see the regathered values in backward.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include <fsdpp/process_group.h>
+#include <fsdpp/work.h>
+
+#include "fsdp/fsdp_param.h"
+
+namespace fsdpp::detail {
+
+class FSDPParamGroup {
+ public:
+  FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group, std::string unit_name);
+  ~FSDPParamGroup();
+  FSDPParamGroup(const FSDPParamGroup&) = delete;
+  FSDPParamGroup& operator=(const FSDPParamGroup&) = delete;
+
+  const std::vector<FSDPParam>& fsdp_params() const { return params_; }
+  const ProcessGroup& process_group() const { return group_; }
+  int64_t sharded_numel() const { return shard_numel_; }
+  int64_t unsharded_numel() const { return shard_numel_ * world_size_; }
+
+  // Starts the all-gather (asynchronously) unless unsharded or already started.
+  void unshard();
+  // Waits for the all-gather and makes the parameters views into the unsharded buffer.
+  void wait_for_unshard();
+  bool is_unsharded() const { return unsharded_; }
+  bool unshard_in_flight() const { return all_gather_output_.defined(); }
+  // Parameters back to shards; frees the unsharded memory.
+  void reshard();
+
+  // Takes the full gradients the unit's backward left in `.grad`, starts the reduce-scatter
+  // of their average and reshards. Returns false when no parameter had a gradient.
+  bool post_backward();
+  // Waits for the reduce-scatter and writes (or adds) each parameter's gradient shard.
+  void finalize_backward();
+  bool reduce_scatter_in_flight() const { return reduce_scatter_output_.defined(); }
+
+  // Off: post_backward keeps the full gradients (summed over backwards) instead of
+  // reduce-scattering them; the next post_backward with it on reduces the sum.
+  void set_requires_gradient_sync(bool v) { requires_gradient_sync_ = v; }
+  // Off: a backward without gradient sync leaves the parameters unsharded (the next forward
+  // gathers nothing). A backward that syncs always reshards: `.grad` is shard-shaped.
+  void set_reshard_after_backward(bool v) { reshard_after_backward_ = v; }
+  // Waits for and drops an all-gather nobody used (a prefetch for a unit that did not run).
+  void drop_pending_unshard();
+  bool requires_gradient_sync() const { return requires_gradient_sync_; }
+
+ private:
+  // Follows a cast of the parameters (module->to(dtype) after wrapping): new flat buffers
+  // in the new dtype.
+  void handle_dtype_change();
+  // Throws if the ranks' parameters (names, shapes, dtypes) of this unit differ.
+  void check_same_on_all_ranks();
+  void allocate_unsharded();
+  void free_unsharded();
+
+  std::string unit_name_;
+  ProcessGroup group_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::vector<FSDPParam> params_;
+  std::vector<int64_t> shard_offsets_;
+  std::vector<int64_t> unsharded_offsets_;
+  int64_t shard_numel_ = 0;
+  at::Tensor sharded_flat_;
+  at::Tensor unsharded_flat_;
+  bool unsharded_ = false;
+
+  Work all_gather_work_;
+  at::Tensor all_gather_output_;
+
+  Work reduce_scatter_work_;
+  at::Tensor reduce_scatter_input_;
+  at::Tensor reduce_scatter_output_;
+  std::vector<char> had_grad_;
+  bool requires_gradient_sync_ = true;
+  bool reshard_after_backward_ = true;
+  std::vector<at::Tensor> accumulated_grads_;  // full-shaped, while sync is off
+};
+
+}  // namespace fsdpp::detail

@@ -1,0 +1,389 @@
+#include "fsdp/fsdp_state.h"
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <fsdpp/error.h>
+#include <fsdpp/fully_shard.h>
+
+namespace fsdpp {
+namespace detail {
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::unordered_map<int64_t, std::weak_ptr<FSDPState>> states;
+  // Parameters sharded by a live unit, and that unit's name: sharding one twice is an error.
+  std::unordered_map<const c10::TensorImpl*, std::string> sharded;
+};
+
+Registry& registry() {
+  static auto* r = new Registry;  // never destroyed: states may die during static destruction
+  return *r;
+}
+
+// Identity on a tensor; its backward runs before the backward of what produced the tensor
+// inside the unit (on outputs: "pre-backward") or after the unit's backward (on inputs).
+struct PreBackwardFunction : public torch::autograd::Function<PreBackwardFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, int64_t id, const at::Tensor& x) {
+    ctx->saved_data["id"] = id;
+    return x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    if (auto state = FSDPState::find(ctx->saved_data["id"].toInt())) state->pre_backward();
+    return {at::Tensor(), grads[0]};
+  }
+};
+
+struct PostBackwardFunction : public torch::autograd::Function<PostBackwardFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, int64_t id, const at::Tensor& x) {
+    ctx->saved_data["id"] = id;
+    return x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    if (auto state = FSDPState::find(ctx->saved_data["id"].toInt())) state->post_backward_node_fired();
+    return {at::Tensor(), grads[0]};
+  }
+};
+
+}  // namespace
+
+int64_t FSDPState::next_id() {
+  static std::atomic<int64_t> next{1};
+  return next++;
+}
+
+FSDPState::FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
+                     bool reshard_after_forward)
+    : id_(next_id()), name_(std::move(name)), process_group_(std::move(group)),
+      reshard_after_forward_(reshard_after_forward) {
+  auto& r = registry();
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (auto& [fqn, p] : params) {
+      auto it = r.sharded.find(p.unsafeGetTensorImpl());
+      if (it != r.sharded.end())
+        throw Error("fully_shard of " + name_ + ": parameter '" + fqn + "' is already sharded by FSDP unit " +
+                    it->second + " (wrap each module once, inner modules first)");
+    }
+  }
+  if (!params.empty()) group_.emplace(params, process_group_, name_);
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (auto& [fqn, p] : params) r.sharded[p.unsafeGetTensorImpl()] = name_;
+}
+
+FSDPState::~FSDPState() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.states.erase(id_);
+  if (group_)
+    for (const auto& p : group_->fsdp_params()) r.sharded.erase(p.param().unsafeGetTensorImpl());
+}
+
+std::shared_ptr<FSDPState> FSDPState::find(int64_t id) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.states.find(id);
+  return it == r.states.end() ? nullptr : it->second.lock();
+}
+
+void FSDPState::register_self() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.states[id_] = weak_from_this();
+}
+
+void FSDPState::lazy_init_as_root(const std::vector<std::shared_ptr<FSDPState>>& inner) {
+  is_root_ = true;
+  lazy_initialized_ = true;
+  root_ = weak_from_this();
+  tree_.clear();
+  tree_.push_back(weak_from_this());
+  recording_order_ = true;
+  forward_order_.clear();
+  post_forward_order_.clear();
+  for (const auto& s : inner) {
+    if (s.get() == this) continue;
+    s->is_root_ = false;
+    s->lazy_initialized_ = true;
+    s->root_ = weak_from_this();
+    s->tree_.clear();
+    tree_.push_back(s);
+  }
+}
+
+void FSDPState::pre_forward() {
+  if (is_root_ && !final_callback_queued_) {
+    // Outside backward no unit can be mid-backward: clear what a backward that threw left.
+    for (auto& w : tree_)
+      if (auto s = w.lock()) {
+        s->ran_pre_backward_ = false;
+        s->ran_post_backward_ = false;
+        if (s->group_) s->group_->finalize_backward();
+      }
+  }
+  training_state_ = TrainingState::kForward;
+  auto root = root_.lock();
+  if (root && root->recording_order_) root->record_pre_forward(this);
+  if (group_) group_->unshard();
+  if (has_explicit_forward_prefetch_) {
+    for (auto& w : explicit_forward_prefetch_)
+      if (auto target = w.lock())
+        if (target->group_) target->group_->unshard();
+  } else if (auto next = forward_prefetch_.lock()) {
+    if (next->group_) next->group_->unshard();
+  }
+  if (group_) group_->wait_for_unshard();
+}
+
+void FSDPState::post_forward() {
+  if (group_ && reshard_after_forward_ && !is_root_) group_->reshard();
+  training_state_ = TrainingState::kIdle;
+  auto root = root_.lock();
+  if (root && root->recording_order_) {
+    root->record_post_forward(this);
+    if (root.get() == this) link_prefetch_order();
+  }
+}
+
+namespace {
+void append_once(std::vector<std::weak_ptr<FSDPState>>& order, FSDPState* s) {
+  for (auto& w : order)
+    if (w.lock().get() == s) return;
+  order.push_back(s->weak_from_this());
+}
+}  // namespace
+
+void FSDPState::record_pre_forward(FSDPState* s) { append_once(forward_order_, s); }
+void FSDPState::record_post_forward(FSDPState* s) { append_once(post_forward_order_, s); }
+
+void FSDPState::link_prefetch_order() {
+  recording_order_ = false;
+  for (size_t i = 0; i + 1 < forward_order_.size(); ++i)
+    if (auto s = forward_order_[i].lock()) s->forward_prefetch_ = forward_order_[i + 1];
+  for (size_t i = 1; i < post_forward_order_.size(); ++i)
+    if (auto s = post_forward_order_[i].lock()) s->backward_prefetch_ = post_forward_order_[i - 1];
+}
+
+void FSDPState::pre_backward() {
+  if (auto root = root_.lock()) root->queue_final_callback();
+  if (ran_pre_backward_) return;
+  ran_pre_backward_ = true;
+  training_state_ = TrainingState::kPreBackward;
+  if (group_) group_->unshard();
+  if (has_explicit_backward_prefetch_) {
+    for (auto& w : explicit_backward_prefetch_)
+      if (auto target = w.lock())
+        if (target->group_ && !target->ran_post_backward_) target->group_->unshard();
+  } else if (auto previous = backward_prefetch_.lock()) {
+    if (previous->group_ && !previous->ran_post_backward_) previous->group_->unshard();
+  }
+  if (group_) group_->wait_for_unshard();
+}
+
+void FSDPState::post_backward_node_fired() {
+  ++post_backward_nodes_fired_;
+  if (post_backward_nodes_fired_ >= post_backward_nodes_expected_) post_backward();
+}
+
+void FSDPState::post_backward() {
+  if (ran_post_backward_) return;
+  ran_post_backward_ = true;
+  training_state_ = TrainingState::kPostBackward;
+  if (group_) group_->post_backward();
+}
+
+void FSDPState::queue_final_callback() {
+  if (final_callback_queued_) return;
+  final_callback_queued_ = true;
+  std::weak_ptr<FSDPState> self = weak_from_this();
+  torch::autograd::Engine::get_default_engine().queue_callback([self] {
+    if (auto state = self.lock()) state->final_callback();
+  });
+}
+
+void FSDPState::final_callback() {
+  final_callback_queued_ = false;
+  std::vector<std::shared_ptr<FSDPState>> states;
+  for (auto& w : tree_)
+    if (auto s = w.lock()) states.push_back(std::move(s));
+  // Units whose post-backward did not run from their inputs (inputs that needed no grad, or
+  // an input branch backward never reached) finish now, innermost last registered first.
+  for (auto it = states.rbegin(); it != states.rend(); ++it) {
+    FSDPState& s = **it;
+    if (!s.ran_post_backward_ && s.group_ && (s.ran_pre_backward_ || s.group_->is_unsharded())) s.post_backward();
+  }
+  for (auto& s : states)
+    if (s->group_) s->group_->finalize_backward();
+  // Drops prefetched gathers for units that did not run backward after all.
+  for (auto& s : states)
+    if (s->group_) s->group_->drop_pending_unshard();
+  for (auto& s : states) s->reset_iteration();
+}
+
+void FSDPState::reset_iteration() {
+  training_state_ = TrainingState::kIdle;
+  ran_pre_backward_ = false;
+  ran_post_backward_ = false;
+  post_backward_nodes_expected_ = 0;
+  post_backward_nodes_fired_ = 0;
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// FSDPModule
+
+namespace {
+
+ProcessGroup shard_group_of(const FullyShardOptions& options, const std::string& unit) {
+  if (options.mesh_.defined()) {
+    if (options.mesh_.ndim() != 1)
+      throw Error("fully_shard of " + unit + ": a " + std::to_string(options.mesh_.ndim()) +
+                  "-D mesh (HSDP) is not supported yet; pass a 1-D mesh");
+    return options.mesh_.get_group();
+  }
+  if (options.process_group_.defined()) return options.process_group_;
+  return default_group();
+}
+
+}  // namespace
+
+FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOptions options)
+    : module_(std::move(module)), options_(std::move(options)) {
+  if (!module_) throw Error("FullyShardedDataParallel: the module is null");
+  if (dynamic_cast<FSDPModule*>(module_.get()))
+    throw Error("FullyShardedDataParallel: " + module_->name() + " is already a FullyShardedDataParallel");
+  register_module("_fsdp_wrapped_module", module_);
+  const std::string unit = module_->name();
+  // Parameters owned by inner units stay theirs.
+  std::unordered_set<const c10::TensorImpl*> inner;
+  for (const auto& m : module_->modules())
+    if (auto* f = dynamic_cast<FSDPModule*>(m.get()))
+      for (const auto& p : f->parameters()) inner.insert(p.unsafeGetTensorImpl());
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& item : module_->named_parameters()) {
+    const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+    if (inner.count(impl) || !seen.insert(impl).second) continue;
+    params.emplace_back(item.key(), item.value());
+  }
+  state_ = std::make_shared<detail::FSDPState>(unit, std::move(params), shard_group_of(options_, unit),
+                                               options_.reshard_after_forward_);
+  state_->register_self();
+}
+
+FSDPModule::~FSDPModule() = default;
+
+void FSDPModule::pre_forward() {
+  if (!state_->lazy_initialized()) {
+    std::vector<std::shared_ptr<detail::FSDPState>> inner;
+    for (const auto& m : module_->modules())
+      if (auto* f = dynamic_cast<FSDPModule*>(m.get())) inner.push_back(f->state_);
+    state_->lazy_init_as_root(inner);
+  }
+  state_->pre_forward();
+}
+
+void FSDPModule::post_forward() { state_->post_forward(); }
+
+std::vector<at::Tensor> FSDPModule::register_post_backward(const std::vector<at::Tensor>& inputs) {
+  std::vector<at::Tensor> out;
+  out.reserve(inputs.size());
+  for (const auto& t : inputs) {
+    out.push_back(detail::PostBackwardFunction::apply(state_->id(), t));
+    state_->add_post_backward_node();
+  }
+  return out;
+}
+
+std::vector<at::Tensor> FSDPModule::register_pre_backward(const std::vector<at::Tensor>& outputs) {
+  std::vector<at::Tensor> out;
+  out.reserve(outputs.size());
+  for (const auto& t : outputs) out.push_back(detail::PreBackwardFunction::apply(state_->id(), t));
+  return out;
+}
+
+UnshardHandle FSDPModule::unshard(bool async_op) {
+  if (auto* g = state_->param_group()) {
+    g->unshard();
+    if (!async_op) g->wait_for_unshard();
+  }
+  return UnshardHandle(state_);
+}
+
+void UnshardHandle::wait() {
+  if (auto state = state_.lock())
+    if (auto* g = state->param_group()) g->wait_for_unshard();
+}
+
+void FSDPModule::reshard() {
+  if (auto* g = state_->param_group()) g->reshard();
+}
+
+void FSDPModule::set_reshard_after_forward(bool value, bool recurse) {
+  state_->set_reshard_after_forward(value);
+  options_.reshard_after_forward_ = value;
+  if (!recurse) return;
+  for (const auto& m : module_->modules())
+    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_reshard_after_forward(value, false);
+}
+
+void FSDPModule::set_requires_gradient_sync(bool value, bool recurse) {
+  if (auto* g = state_->param_group()) g->set_requires_gradient_sync(value);
+  if (!recurse) return;
+  for (const auto& m : module_->modules())
+    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_requires_gradient_sync(value, false);
+}
+
+void FSDPModule::set_reshard_after_backward(bool value, bool recurse) {
+  if (auto* g = state_->param_group()) g->set_reshard_after_backward(value);
+  if (!recurse) return;
+  for (const auto& m : module_->modules())
+    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_reshard_after_backward(value, false);
+}
+
+namespace {
+std::vector<std::weak_ptr<detail::FSDPState>> states_of(const std::vector<std::shared_ptr<FSDPModule>>& modules) {
+  std::vector<std::weak_ptr<detail::FSDPState>> states;
+  for (const auto& m : modules) {
+    if (!m) throw Error("set_modules_to_*_prefetch: a module is null");
+    states.push_back(m->fsdp_state());
+  }
+  return states;
+}
+}  // namespace
+
+void FSDPModule::set_modules_to_forward_prefetch(const std::vector<std::shared_ptr<FSDPModule>>& modules) {
+  state_->set_forward_prefetch(states_of(modules));
+}
+
+void FSDPModule::set_modules_to_backward_prefetch(const std::vector<std::shared_ptr<FSDPModule>>& modules) {
+  state_->set_backward_prefetch(states_of(modules));
+}
+
+const ProcessGroup& FSDPModule::process_group() const { return state_->process_group(); }
+
+bool FSDPModule::is_root() const { return state_->is_root(); }
+
+std::vector<std::string> FSDPModule::sharded_parameter_names() const {
+  std::vector<std::string> names;
+  if (const auto* g = state_->param_group())
+    for (const auto& p : g->fsdp_params()) names.push_back(p.fqn());
+  return names;
+}
+
+int64_t FSDPModule::unsharded_padded_numel() const {
+  const auto* g = state_->param_group();
+  return g ? g->unsharded_numel() : 0;
+}
+
+}  // namespace fsdpp

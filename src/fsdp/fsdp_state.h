@@ -1,0 +1,100 @@
+#pragma once
+// The forward/backward logic of one FSDP unit: root detection and lazy init, the
+// pre/post-forward steps, the backward triggers and the root's end-of-backward callback.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include <fsdpp/process_group.h>
+
+#include "fsdp/fsdp_param_group.h"
+
+namespace fsdpp::detail {
+
+enum class TrainingState { kIdle, kForward, kPreBackward, kPostBackward };
+
+class FSDPState : public std::enable_shared_from_this<FSDPState> {
+ public:
+  FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
+            bool reshard_after_forward);
+  ~FSDPState();
+
+  // Autograd nodes find the state by id, so a graph that outlives the module is harmless.
+  int64_t id() const { return id_; }
+  static std::shared_ptr<FSDPState> find(int64_t id);
+  // Makes the state findable by id; call once it is owned by a shared_ptr.
+  void register_self();
+
+  const std::string& name() const { return name_; }
+  FSDPParamGroup* param_group() { return group_ ? &*group_ : nullptr; }
+  const FSDPParamGroup* param_group() const { return group_ ? &*group_ : nullptr; }
+  const ProcessGroup& process_group() const { return process_group_; }
+  bool is_root() const { return is_root_; }
+  bool lazy_initialized() const { return lazy_initialized_; }
+  bool reshard_after_forward() const { return reshard_after_forward_; }
+  void set_reshard_after_forward(bool v) { reshard_after_forward_ = v; }
+
+  // Called on the first forward of the outermost unit with every unit inside it.
+  void lazy_init_as_root(const std::vector<std::shared_ptr<FSDPState>>& inner);
+
+  // Explicit prefetch targets (set_modules_to_forward_prefetch / ..._backward_prefetch):
+  // when set, they replace the implicit next/previous unit.
+  void set_forward_prefetch(std::vector<std::weak_ptr<FSDPState>> targets) {
+    explicit_forward_prefetch_ = std::move(targets);
+    has_explicit_forward_prefetch_ = true;
+  }
+  void set_backward_prefetch(std::vector<std::weak_ptr<FSDPState>> targets) {
+    explicit_backward_prefetch_ = std::move(targets);
+    has_explicit_backward_prefetch_ = true;
+  }
+
+  void pre_forward();
+  void post_forward();
+  // One more post-backward node was attached to this unit's inputs.
+  void add_post_backward_node() { ++post_backward_nodes_expected_; }
+  void pre_backward();
+  // A post-backward node fired; the unit's post-backward runs when all of them did.
+  void post_backward_node_fired();
+  void post_backward();
+
+ private:
+  // Implicit prefetching: during the root's first forward the units record the order they
+  // start and finish forward; afterwards each unit's pre-forward starts the next unit's
+  // all-gather, and each unit's pre-backward the one that runs backward after it (the unit
+  // that finished forward before it).
+  void record_pre_forward(FSDPState* s);
+  void record_post_forward(FSDPState* s);
+  void link_prefetch_order();
+  void queue_final_callback();
+  void final_callback();
+  void reset_iteration();
+
+  static int64_t next_id();
+
+  int64_t id_;
+  std::string name_;
+  ProcessGroup process_group_;
+  std::optional<FSDPParamGroup> group_;
+  bool reshard_after_forward_ = true;
+  bool is_root_ = false;
+  bool lazy_initialized_ = false;
+  std::weak_ptr<FSDPState> root_;
+  std::vector<std::weak_ptr<FSDPState>> tree_;  // root only: itself and the units inside
+  bool recording_order_ = false;                 // root only
+  std::vector<std::weak_ptr<FSDPState>> forward_order_, post_forward_order_;  // root only
+  std::weak_ptr<FSDPState> forward_prefetch_, backward_prefetch_;
+  bool has_explicit_forward_prefetch_ = false, has_explicit_backward_prefetch_ = false;
+  std::vector<std::weak_ptr<FSDPState>> explicit_forward_prefetch_, explicit_backward_prefetch_;
+  TrainingState training_state_ = TrainingState::kIdle;
+  bool final_callback_queued_ = false;
+  bool ran_pre_backward_ = false;
+  bool ran_post_backward_ = false;
+  int post_backward_nodes_expected_ = 0;
+  int post_backward_nodes_fired_ = 0;
+};
+
+}  // namespace fsdpp::detail

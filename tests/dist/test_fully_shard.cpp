@@ -1,0 +1,925 @@
+// FSDP (fsdpp::FullyShardedDataParallel) at world sizes 1-4, ported from seed 001
+// (PyTorch's test_fully_shard_training.py). The reference is single-process training of the
+// same initial model on the whole global batch, computed on every rank; each FSDP rank trains
+// on its slice of that batch with a mean loss, so the group-averaged gradient equals the
+// reference's gradient of the global mean.
+//
+// Tolerance: float32 with rtol 1.3e-6, atol 1e-5 (torch.testing's float32 defaults, which the
+// seed's assertEqual uses). FSDP sums the per-sample gradients in a different order (per-rank
+// means, then the reduce-scatter's average), so results differ from the reference by float32
+// rounding (~1e-7 relative per step), not bitwise.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include <fsdpp/collectives.h>
+#include <fsdpp/comm_debug_mode.h>
+#include <fsdpp/error.h>
+#include <fsdpp/fully_shard.h>
+#include <fsdpp/memory.h>
+
+#include "dist/world_sizes.h"
+#include "harness/multi_process.h"
+
+namespace fsdpp {
+namespace {
+
+using testing::RankContext;
+using testing::run_ranks;
+using torch::nn::Linear;
+using torch::nn::ReLU;
+using torch::nn::Sequential;
+using FSDPLinear = FullyShardedDataParallel<torch::nn::LinearImpl>;
+using FSDPSequential = FullyShardedDataParallel<torch::nn::SequentialImpl>;
+
+constexpr double kRtol = 1.3e-6;
+constexpr double kAtol = 1e-5;
+constexpr int64_t kGlobalBatch = 12;  // divisible by every world size tested
+
+using Shapes = std::vector<std::pair<int64_t, int64_t>>;
+
+// Rows [rank * ceil(d0 / n), ...) of a full tensor: what rank `rank` holds of it.
+at::Tensor shard_rows(const at::Tensor& full, int rank, int n) {
+  const int64_t d0 = full.size(0), chunk = (d0 + n - 1) / n;
+  const int64_t start = std::min<int64_t>(d0, rank * chunk);
+  const int64_t len = std::max<int64_t>(0, std::min<int64_t>(chunk, d0 - rank * chunk));
+  return full.narrow(0, start, len);
+}
+
+std::vector<FSDPModule*> fsdp_units(torch::nn::Module& model) {
+  std::vector<FSDPModule*> units;
+  for (const auto& m : model.modules())
+    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) units.push_back(f);
+  return units;
+}
+
+// Gathers every unit, copies the full parameters, and reshards.
+std::vector<at::Tensor> full_params(torch::nn::Module& model) {
+  auto units = fsdp_units(model);
+  for (auto* u : units) u->unshard();
+  std::vector<at::Tensor> out;
+  for (const auto& p : model.parameters()) out.push_back(p.detach().clone());
+  for (auto* u : units) u->reshard();
+  return out;
+}
+
+std::string strip_wrapper_prefixes(std::string name) {
+  const std::string prefix = "_fsdp_wrapped_module.";
+  for (size_t pos; (pos = name.find(prefix)) != std::string::npos;) name.erase(pos, prefix.size());
+  return name;
+}
+
+Sequential make_mlp(const Shapes& shapes) {
+  return Sequential(Linear(shapes[0].first, shapes[0].second), ReLU(), Linear(shapes[1].first, shapes[1].second));
+}
+
+// Linear(7, 15) and Linear(15, 15) as inner units, Linear(15, 3) left to the root.
+Sequential make_multi_group(bool wrap, const FullyShardOptions& options) {
+  Linear l1(7, 15), l2(15, 15), l3(15, 3);
+  if (!wrap) return Sequential(l1, ReLU(), l2, ReLU(), l3);
+  return Sequential(FSDPLinear(l1, options), ReLU(), FSDPLinear(l2, options), ReLU(), l3);
+}
+
+enum class Optim { kSGD, kAdam };
+const char* name_of(Optim o) { return o == Optim::kSGD ? "SGD" : "Adam"; }
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optim o, const std::vector<at::Tensor>& params) {
+  if (o == Optim::kSGD) return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+  return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
+}
+
+void expect_close(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
+  ASSERT_TRUE(actual.defined()) << what << ": undefined";
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  EXPECT_TRUE(at::allclose(actual, expected, kRtol, kAtol))
+      << what << ": max abs diff " << (actual - expected).abs().max().item<double>();
+}
+
+struct ParityCase {
+  Optim optim = Optim::kAdam;
+  bool delay = false;  // rank-dependent sleeps after forward and before the optimizer step
+  int steps = 10;
+  at::ScalarType dtype = at::kFloat;
+};
+
+// Trains `ref` on the global batch and `fsdp` (built from the same initial values) on this
+// rank's slice; checks losses, gradient shards and full parameters after every step.
+template <typename RefForward, typename Forward>
+void check_train_parity(RankContext& ctx, torch::nn::Module& ref, RefForward&& ref_forward, torch::nn::Module& fsdp,
+                        Forward&& fsdp_forward, int64_t in_dim, int64_t out_dim, const ParityCase& c,
+                        const std::string& label) {
+  const int n = ctx.world_size, rank = ctx.rank;
+  auto ref_params = ref.parameters();
+  auto fsdp_params = fsdp.parameters();
+  ASSERT_EQ(ref_params.size(), fsdp_params.size());
+  {
+    auto ref_named = ref.named_parameters();
+    auto named = fsdp.named_parameters();
+    for (size_t i = 0; i < ref_named.size(); ++i)
+      EXPECT_EQ(strip_wrapper_prefixes(named[i].key()), ref_named[i].key());
+  }
+  auto ref_opt = make_optimizer(c.optim, ref_params);
+  auto opt = make_optimizer(c.optim, fsdp_params);  // built after sharding: holds the shards
+  const int64_t local = kGlobalBatch / n;
+  for (int step = 0; step < c.steps; ++step) {
+    const std::string where = label + " " + name_of(c.optim) + " step " + std::to_string(step);
+    // Even steps drop the gradients (set_to_none), odd steps zero them in place.
+    for (auto* o : {ref_opt.get(), opt.get()}) {
+      if (step % 2 == 0) {
+        for (auto& group : o->param_groups())
+          for (auto& p : group.params()) p.mutable_grad().reset();
+      } else {
+        o->zero_grad();
+      }
+    }
+    torch::manual_seed(1000 + step);
+    at::Tensor x = torch::randn({kGlobalBatch, in_dim}, c.dtype);
+    at::Tensor y = torch::randn({kGlobalBatch, out_dim}, c.dtype);
+    at::Tensor ref_loss = (ref_forward(x) - y).pow(2).mean();
+    ref_loss.backward();
+
+    at::Tensor loss = (fsdp_forward(x.narrow(0, rank * local, local)) - y.narrow(0, rank * local, local)).pow(2).mean();
+    if (c.delay) std::this_thread::sleep_for(std::chrono::milliseconds(5 * rank));
+    loss.backward();
+    for (size_t i = 0; i < fsdp_params.size(); ++i) {
+      const at::Tensor& p = fsdp_params[i];
+      ASSERT_EQ(p.sizes(), shard_rows(ref_params[i], rank, n).sizes()) << where << " param " << i << " is not a shard";
+      ASSERT_EQ(p.scalar_type(), c.dtype) << where << " param " << i;
+      ASSERT_EQ(p.grad().scalar_type(), c.dtype) << where << " grad " << i;
+      expect_close(p.grad(), shard_rows(ref_params[i].grad(), rank, n), where + " grad " + std::to_string(i));
+    }
+    if (c.delay) std::this_thread::sleep_for(std::chrono::milliseconds(5 * (n - 1 - rank)));
+    ref_opt->step();
+    opt->step();
+
+    at::Tensor global_loss = loss.detach().clone();
+    all_reduce(global_loss, ReduceOp::AVG);
+    expect_close(global_loss, ref_loss.detach(), where + " loss");
+    auto full = full_params(fsdp);
+    for (size_t i = 0; i < full.size(); ++i) expect_close(full[i], ref_params[i].detach(), where + " param " + std::to_string(i));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// TestFullyShard1DTrainingCore
+
+class FullyShard1DTrainingCore : public testing::WorldSizeTest {};
+
+TEST_P(FullyShard1DTrainingCore, TrainParitySingleGroup) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    for (const Shapes& shapes : {Shapes{{16, 15}, {15, 8}}, Shapes{{7, 15}, {15, 3}}})
+      for (Optim optim : {Optim::kSGD, Optim::kAdam})
+        for (bool reshard_after_forward : {true, false}) {
+          torch::manual_seed(42);
+          Sequential ref = make_mlp(shapes);
+          torch::manual_seed(42);
+          FSDPSequential model(make_mlp(shapes), FullyShardOptions().reshard_after_forward(reshard_after_forward));
+          ParityCase c;
+          c.optim = optim;
+          const std::string label = "lin (" + std::to_string(shapes[0].first) + ", " +
+                                    std::to_string(shapes[0].second) + ") raf " + std::to_string(reshard_after_forward);
+          check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *model,
+                             [&](const at::Tensor& x) { return model->forward(x); }, shapes[0].first, shapes[1].second, c, label);
+          EXPECT_TRUE(model->is_root());
+          if (::testing::Test::HasFailure()) return;
+        }
+  });
+}
+
+TEST_P(FullyShard1DTrainingCore, TrainParityMultiGroup) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    for (bool reshard_after_forward : {true, false})
+      for (Optim optim : {Optim::kSGD, Optim::kAdam})
+        for (bool delay : {false, true}) {
+          const auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
+          torch::manual_seed(42);
+          Sequential ref = make_multi_group(false, options);
+          torch::manual_seed(42);
+          FSDPSequential model(make_multi_group(true, options), options);
+          ParityCase c;
+          c.optim = optim;
+          c.delay = delay;
+          const std::string label = "raf " + std::to_string(reshard_after_forward) + " delay " + std::to_string(delay);
+          check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *model,
+                             [&](const at::Tensor& x) { return model->forward(x); }, 7, 3, c, label);
+          auto units = fsdp_units(*model);
+          ASSERT_EQ(units.size(), 3u);
+          EXPECT_TRUE(units[0]->is_root());
+          EXPECT_FALSE(units[1]->is_root());
+          EXPECT_FALSE(units[2]->is_root());
+          // The root shards only what no inner unit owns: the last Linear.
+          EXPECT_EQ(units[0]->sharded_parameter_names(), (std::vector<std::string>{"4.weight", "4.bias"}));
+          EXPECT_EQ(units[1]->sharded_parameter_names(), (std::vector<std::string>{"weight", "bias"}));
+          if (::testing::Test::HasFailure()) return;
+        }
+  });
+}
+
+// Collectives per training step, counted by CommDebugMode: one all-gather per unit in
+// forward, one more in backward for each non-root unit that resharded after forward, one
+// reduce-scatter per unit; each moves (N - 1) / N of the unit's padded flat size.
+TEST_P(FullyShard1DTrainingCore, CommCountsAndBytesPerStep) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int64_t n = ctx.world_size;
+    for (bool reshard_after_forward : {true, false}) {
+      const auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
+      torch::manual_seed(42);
+      FSDPSequential model(make_multi_group(true, options), options);
+      torch::optim::SGD opt(model->parameters(), 0.01);
+      auto units = fsdp_units(*model);
+      ASSERT_EQ(units.size(), 3u);
+      int64_t root_numel = units[0]->unsharded_padded_numel();
+      int64_t inner_numel = units[1]->unsharded_padded_numel() + units[2]->unsharded_padded_numel();
+      // Padded sizes: Linear(7, 15) has 15 x 7 + 15 elements, rows padded to a multiple of n.
+      auto padded = [n](int64_t rows, int64_t cols) { return (rows + n - 1) / n * n * cols; };
+      EXPECT_EQ(units[1]->unsharded_padded_numel(), padded(15, 7) + padded(15, 1));
+      EXPECT_EQ(root_numel, padded(3, 15) + padded(3, 1));
+      for (int step = 0; step < 3; ++step) {
+        torch::manual_seed(step);
+        at::Tensor x = torch::randn({4, 7});
+        CommDebugMode comm;
+        at::Tensor loss = model->forward(x).sum();
+        EXPECT_EQ(comm.count("all_gather_into_tensor"), 3) << "forward, raf " << reshard_after_forward;
+        EXPECT_EQ(comm.count("reduce_scatter_tensor"), 0);
+        loss.backward();
+        opt.step();
+        opt.zero_grad();
+        const int64_t gathers = reshard_after_forward ? 5 : 3;
+        EXPECT_EQ(comm.count("all_gather_into_tensor"), gathers) << "raf " << reshard_after_forward;
+        EXPECT_EQ(comm.count("reduce_scatter_tensor"), 3);
+        EXPECT_EQ(comm.get_total_counts(), gathers + 3) << "no other collective";
+        const int64_t gathered = root_numel + inner_numel * (reshard_after_forward ? 2 : 1);
+        EXPECT_EQ(comm.bytes_sent("all_gather_into_tensor"), gathered * (n - 1) / n * 4);
+        EXPECT_EQ(comm.bytes_sent("reduce_scatter_tensor"), (root_numel + inner_numel) * (n - 1) / n * 4);
+      }
+    }
+  });
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(FullyShard1DTrainingCore);
+
+// ---------------------------------------------------------------------------------------------
+// TestFullyShardRegisteredParams: shards at rest, full tensors after a forward that keeps them.
+
+class FullyShardRegisteredParams : public testing::WorldSizeTest {};
+
+void expect_sharded(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& ref, int rank, int n,
+                    const std::string& what) {
+  ASSERT_EQ(params.size(), ref.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor expected = shard_rows(ref[i], rank, n);
+    ASSERT_EQ(params[i].sizes(), expected.sizes()) << what << " param " << i;
+    EXPECT_TRUE(at::equal(params[i].detach(), expected.detach())) << what << " param " << i;
+  }
+}
+
+void expect_full(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& ref, const std::string& what) {
+  ASSERT_EQ(params.size(), ref.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_EQ(params[i].sizes(), ref[i].sizes()) << what << " param " << i;
+    EXPECT_TRUE(at::equal(params[i].detach(), ref[i].detach())) << what << " param " << i;
+  }
+}
+
+TEST_P(FullyShardRegisteredParams, ParamRegistrationAfterForward) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size, rank = ctx.rank;
+    const Shapes shapes{{3, 7}, {7, 3}};
+    for (bool reshard_after_forward : {true, false}) {
+      // Single group: the root keeps its parameters unsharded after forward.
+      torch::manual_seed(42);
+      Sequential ref = make_mlp(shapes);
+      torch::manual_seed(42);
+      FSDPSequential model(make_mlp(shapes), FullyShardOptions().reshard_after_forward(reshard_after_forward));
+      // The same TensorImpls as the wrapped module's own parameters.
+      EXPECT_TRUE(model->parameters()[0].is_same(model->module()->parameters()[0]));
+      expect_sharded(model->parameters(), ref->parameters(), rank, n, "at rest");
+      at::Tensor inp = torch::randn({2, 3});
+      model->forward(inp);
+      expect_full(model->parameters(), ref->parameters(), "after forward");
+      model->reshard();
+      expect_sharded(model->parameters(), ref->parameters(), rank, n, "after reshard");
+
+      // Multiple groups: inner units follow reshard_after_forward, the root does not.
+      torch::manual_seed(42);
+      Sequential ref2 = make_multi_group(false, {});
+      torch::manual_seed(42);
+      const auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
+      FSDPSequential model2(make_multi_group(true, options), options);
+      expect_sharded(model2->parameters(), ref2->parameters(), rank, n, "multi at rest");
+      model2->forward(torch::randn({2, 7}));
+      auto params = model2->parameters();
+      auto ref_params = ref2->parameters();
+      std::vector<at::Tensor> inner(params.begin(), params.begin() + 4), root(params.begin() + 4, params.end());
+      std::vector<at::Tensor> ref_inner(ref_params.begin(), ref_params.begin() + 4),
+          ref_root(ref_params.begin() + 4, ref_params.end());
+      expect_full(root, ref_root, "multi root after forward");
+      if (reshard_after_forward)
+        expect_sharded(inner, ref_inner, rank, n, "multi inner after forward");
+      else
+        expect_full(inner, ref_inner, "multi inner after forward");
+      for (auto* u : fsdp_units(*model2)) u->reshard();
+      expect_sharded(model2->parameters(), ref2->parameters(), rank, n, "multi after reshard");
+    }
+  });
+}
+
+TEST_P(FullyShardRegisteredParams, ParamRegistrationAfterBackward) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size, rank = ctx.rank;
+    for (bool reshard_after_forward : {true, false}) {
+      torch::manual_seed(42);
+      Sequential ref = make_multi_group(false, {});
+      torch::manual_seed(42);
+      const auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
+      FSDPSequential model(make_multi_group(true, options), options);
+      model->forward(torch::randn({2, 7})).sum().backward();
+      expect_sharded(model->parameters(), ref->parameters(), rank, n, "after backward");
+      auto params = model->parameters();
+      auto ref_params = ref->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        ASSERT_TRUE(params[i].grad().defined()) << i;
+        EXPECT_EQ(params[i].grad().sizes(), shard_rows(ref_params[i], rank, n).sizes()) << i;
+      }
+    }
+  });
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardRegisteredParams);
+
+// ---------------------------------------------------------------------------------------------
+// TestFullyShardGradientAccumulation (the part that needs no extra API): a backward without
+// zeroing adds the new reduced gradient to the shard already in `.grad`.
+
+class FullyShardGradientAccumulation : public testing::WorldSizeTest {};
+
+TEST_P(FullyShardGradientAccumulation, AccumulatesIntoUnzeroedGrad) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size, rank = ctx.rank;
+    const int64_t local = kGlobalBatch / n;
+    for (bool reshard_after_forward : {true, false}) {
+      const auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
+      torch::manual_seed(42);
+      Sequential ref = make_multi_group(false, options);
+      torch::manual_seed(42);
+      FSDPSequential model(make_multi_group(true, options), options);
+      for (int micro = 0; micro < 3; ++micro) {
+        torch::manual_seed(7 + micro);
+        at::Tensor x = torch::randn({kGlobalBatch, 7});
+        ref->forward(x).pow(2).mean().backward();
+        model->forward(x.narrow(0, rank * local, local)).pow(2).mean().backward();
+        auto params = model->parameters();
+        auto ref_params = ref->parameters();
+        for (size_t i = 0; i < params.size(); ++i)
+          expect_close(params[i].grad(), shard_rows(ref_params[i].grad(), rank, n),
+                       "micro-batch " + std::to_string(micro) + " grad " + std::to_string(i));
+      }
+    }
+  });
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardGradientAccumulation);
+
+// set_requires_gradient_sync(false) on all microbatches but the last: no communication
+// until then, and the last backward reduces the sum of all of them.
+TEST_P(FullyShardGradientAccumulation, GradientAccumulation) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size, rank = ctx.rank;
+    const int64_t local = kGlobalBatch / n;
+    for (bool reshard_after_forward : {true, false}) {
+      const auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
+      torch::manual_seed(42);
+      Sequential ref = make_multi_group(false, options);
+      torch::manual_seed(42);
+      FSDPSequential model(make_multi_group(true, options), options);
+      const int microbatches = 3;
+      for (int round = 0; round < 2; ++round) {
+        for (auto& p : ref->parameters()) p.mutable_grad().reset();
+        for (auto& p : model->parameters()) p.mutable_grad().reset();
+        for (int micro = 0; micro < microbatches; ++micro) {
+          const bool last = micro == microbatches - 1;
+          model->set_requires_gradient_sync(last);
+          torch::manual_seed(100 * round + micro);
+          at::Tensor x = torch::randn({kGlobalBatch, 7});
+          ref->forward(x).pow(2).mean().backward();
+          CommDebugMode comm;
+          model->forward(x.narrow(0, rank * local, local)).pow(2).mean().backward();
+          EXPECT_EQ(comm.count("reduce_scatter_tensor"), last ? 3 : 0) << "round " << round << " micro " << micro;
+          if (!last) {
+            for (auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined()) << "no .grad before the sync";
+          }
+        }
+        auto params = model->parameters();
+        auto ref_params = ref->parameters();
+        for (size_t i = 0; i < params.size(); ++i) {
+          ASSERT_EQ(params[i].sizes(), shard_rows(ref_params[i], rank, n).sizes());
+          expect_close(params[i].grad(), shard_rows(ref_params[i].grad(), rank, n),
+                       "round " + std::to_string(round) + " grad " + std::to_string(i));
+        }
+      }
+    }
+  });
+}
+
+// Microbatches without sync and without resharding after backward: only the first
+// microbatch gathers; the last one (sync on, reshard on) reduce-scatters the sum and reshards.
+TEST_P(FullyShardGradientAccumulation, NoSyncNoReshardAfterBackward) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size, rank = ctx.rank;
+    const int64_t local = kGlobalBatch / n;
+    const auto options = FullyShardOptions().reshard_after_forward(false);
+    torch::manual_seed(42);
+    Sequential ref = make_multi_group(false, options);
+    torch::manual_seed(42);
+    FSDPSequential model(make_multi_group(true, options), options);
+    const int microbatches = 4;
+    for (int micro = 0; micro < microbatches; ++micro) {
+      const bool last = micro == microbatches - 1;
+      model->set_requires_gradient_sync(last);
+      model->set_reshard_after_backward(last);
+      torch::manual_seed(micro);
+      at::Tensor x = torch::randn({kGlobalBatch, 7});
+      ref->forward(x).pow(2).mean().backward();
+      CommDebugMode comm;
+      model->forward(x.narrow(0, rank * local, local)).pow(2).mean().backward();
+      EXPECT_EQ(comm.count("all_gather_into_tensor"), micro == 0 ? 3 : 0) << "micro " << micro;
+      EXPECT_EQ(comm.count("reduce_scatter_tensor"), last ? 3 : 0) << "micro " << micro;
+      auto params = model->parameters();
+      auto ref_params = ref->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (last) {
+          ASSERT_EQ(params[i].sizes(), shard_rows(ref_params[i], rank, n).sizes()) << "resharded at the end";
+          expect_close(params[i].grad(), shard_rows(ref_params[i].grad(), rank, n), "grad " + std::to_string(i));
+        } else {
+          EXPECT_EQ(params[i].sizes(), ref_params[i].sizes()) << "kept unsharded, micro " << micro;
+        }
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Non-root forward/backward and a unit used twice in one forward (seed 001's
+// test_non_root_forward_backward and test_multi_forward_module).
+
+// The seed's MLP: in_proj, relu, out_proj.
+struct MLPImpl : torch::nn::Module {
+  explicit MLPImpl(int64_t dim) {
+    in_proj = register_module("in_proj", Linear(dim, 9));
+    out_proj = register_module("out_proj", Linear(9, dim));
+  }
+  at::Tensor forward(const at::Tensor& x) { return out_proj->forward(torch::relu(in_proj->forward(x))); }
+  Linear in_proj{nullptr}, out_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
+TEST_P(FullyShard1DTrainingCore, NonRootForwardBackward) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size, rank = ctx.rank;
+    const int64_t local = kGlobalBatch / n;
+    auto make = [](bool wrap) {
+      torch::manual_seed(42);
+      Sequential seq;
+      for (int i = 0; i < 3; ++i) {
+        MLP mlp(5);
+        if (wrap)
+          seq->push_back(FullyShardedDataParallel<MLPImpl>(mlp));
+        else
+          seq->push_back(mlp);
+      }
+      return seq;
+    };
+    Sequential ref = make(false);
+    FSDPSequential model(make(true));
+    torch::optim::Adam ref_opt(ref->parameters(), 1e-2), opt(model->parameters(), 1e-2);
+    torch::manual_seed(3);
+    at::Tensor x = torch::randn({kGlobalBatch, 5});
+    at::Tensor xs = x.narrow(0, rank * local, local);
+
+    at::Tensor ref_root_loss = ref->forward(x).pow(2).mean();
+    ref_root_loss.backward();
+    ref_opt.step();
+    ref_opt.zero_grad();
+    at::Tensor root_loss = model->forward(xs).pow(2).mean();
+    root_loss.backward();
+    opt.step();
+    opt.zero_grad();
+
+    auto inner0 = std::dynamic_pointer_cast<FullyShardedDataParallelImpl<MLPImpl>>(model->module()->ptr(0));
+    ASSERT_TRUE(inner0);
+    EXPECT_FALSE(inner0->is_root());
+    at::Tensor ref_nonroot_loss = ref[0]->as<MLPImpl>()->forward(x).pow(2).mean();
+    ref_nonroot_loss.backward();
+    ref_opt.step();
+    CommDebugMode comm;
+    at::Tensor nonroot_loss = inner0->forward(xs).pow(2).mean();
+    nonroot_loss.backward();
+    EXPECT_EQ(comm.count("reduce_scatter_tensor"), 1) << "only the non-root unit reduces";
+    opt.step();
+
+    for (auto [loss, ref_loss] : {std::pair{root_loss, ref_root_loss}, std::pair{nonroot_loss, ref_nonroot_loss}}) {
+      at::Tensor global = loss.detach().clone();
+      all_reduce(global, ReduceOp::AVG);
+      expect_close(global, ref_loss.detach(), "loss");
+    }
+    auto full = full_params(*model);
+    auto ref_params = ref->parameters();
+    for (size_t i = 0; i < full.size(); ++i) expect_close(full[i], ref_params[i].detach(), "param " + std::to_string(i));
+  });
+}
+
+struct MultiForwardImpl : torch::nn::Module {
+  MultiForwardImpl(bool wrap, const FullyShardOptions& options) {
+    Linear l1(7, 9);
+    inner = wrap ? torch::nn::AnyModule(FSDPLinear(l1, options)) : torch::nn::AnyModule(l1);
+    register_module("inner", inner.ptr());
+    out = register_module("out", Linear(9, 3));
+  }
+  // The inner unit runs twice in one forward.
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor a = inner.forward(x);
+    at::Tensor b = inner.forward(x * 2);
+    return out->forward(torch::relu(a) + b);
+  }
+  torch::nn::AnyModule inner;
+  Linear out{nullptr};
+};
+TORCH_MODULE(MultiForward);
+
+TEST_P(FullyShard1DTrainingCore, MultiForwardModule) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    for (bool reshard_after_forward : {true, false}) {
+      const auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
+      torch::manual_seed(42);
+      MultiForward ref(false, options);
+      torch::manual_seed(42);
+      FullyShardedDataParallel<MultiForwardImpl> model(MultiForward(true, options), options);
+      ParityCase c;
+      c.steps = 5;
+      check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *model,
+                         [&](const at::Tensor& x) { return model->forward(x); }, 7, 3, c,
+                         "raf " + std::to_string(reshard_after_forward));
+    }
+  });
+}
+
+// TestFullyShardCastAfterInit: module->to(kFloat64) after wrapping casts the shards, and
+// training then runs in float64 at parity.
+class FullyShardCastAfterInit : public testing::WorldSizeTest {};
+
+TEST_P(FullyShardCastAfterInit, ToFloat64AfterInit) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const auto options = FullyShardOptions().reshard_after_forward(true);
+    torch::manual_seed(42);
+    Sequential ref = make_multi_group(false, options);
+    ref->to(torch::kFloat64);
+    torch::manual_seed(42);
+    FSDPSequential model(make_multi_group(true, options), options);
+    model->to(torch::kFloat64);
+    for (const auto& p : model->parameters()) {
+      EXPECT_EQ(p.scalar_type(), at::kDouble);
+      EXPECT_LE(p.dim(), 2);
+    }
+    ParityCase c;
+    c.dtype = at::kDouble;
+    c.steps = 5;
+    check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *model,
+                       [&](const at::Tensor& x) { return model->forward(x); }, 7, 3, c, "float64");
+  });
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardCastAfterInit);
+
+// Explicit unshard(async_op = true) before forward (what the seed's 1F1B test does before
+// its microbatches): forward then gathers nothing itself.
+TEST_P(FullyShard1DTrainingCore, ExplicitAsyncUnshard) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size, rank = ctx.rank;
+    const auto options = FullyShardOptions().reshard_after_forward(false);
+    torch::manual_seed(42);
+    Sequential ref = make_multi_group(false, options);
+    torch::manual_seed(42);
+    FSDPSequential model(make_multi_group(true, options), options);
+    torch::manual_seed(5);
+    at::Tensor x = torch::randn({3, 7});
+    std::vector<UnshardHandle> handles;
+    CommDebugMode comm;
+    for (auto* u : fsdp_units(*model)) handles.push_back(u->unshard(/*async_op=*/true));
+    EXPECT_EQ(comm.count("all_gather_into_tensor"), 3);
+    for (auto& h : handles) h.wait();
+    for (size_t i = 0; i < model->parameters().size(); ++i)
+      EXPECT_EQ(model->parameters()[i].sizes(), ref->parameters()[i].sizes()) << "unsharded after wait";
+    comm.reset();
+    at::Tensor out = model->forward(x);
+    EXPECT_EQ(comm.count("all_gather_into_tensor"), 0) << "forward found every unit gathered";
+    expect_close(out, ref->forward(x), "output");
+    out.sum().backward();
+    ref->forward(x).sum().backward();
+    EXPECT_EQ(comm.count("reduce_scatter_tensor"), 3);
+    auto params = model->parameters();
+    auto ref_params = ref->parameters();
+    for (size_t i = 0; i < params.size(); ++i)
+      expect_close(params[i].grad(), shard_rows(ref_params[i].grad(), rank, n), "grad " + std::to_string(i));
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Implicit prefetching: after the first iteration recorded the order, a unit's pre-forward
+// starts the next unit's all-gather, and a unit's pre-backward the all-gather of the unit
+// whose backward comes next.
+
+struct ProbeImpl : torch::nn::Module {
+  ProbeImpl(int64_t in, int64_t out, std::function<void(at::Tensor&)> on_forward)
+      : on_forward(std::move(on_forward)) {
+    lin = register_module("lin", Linear(in, out));
+  }
+  at::Tensor forward(at::Tensor x) {
+    if (on_forward) on_forward(x);
+    return lin->forward(x);
+  }
+  Linear lin{nullptr};
+  std::function<void(at::Tensor&)> on_forward;
+};
+TORCH_MODULE(Probe);
+
+class FullyShardPrefetching : public testing::WorldSizeTest {};
+
+TEST_P(FullyShardPrefetching, ImplicitForwardAndBackwardPrefetch) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    std::unique_ptr<CommDebugMode> comm;
+    std::vector<int64_t> gathers_seen;  // all-gathers issued when each probe's forward (or backward) ran
+    auto record = [&](at::Tensor&) { gathers_seen.push_back(comm->count("all_gather_into_tensor")); };
+    int64_t gathers_at_unit1_backward = -1;
+    auto record_backward = [&](at::Tensor& x) {
+      record(x);
+      if (x.requires_grad())
+        x.register_hook([&](const at::Tensor& g) {
+          gathers_at_unit1_backward = comm->count("all_gather_into_tensor");
+          EXPECT_EQ(comm->count("reduce_scatter_tensor"), 0);
+          return g;
+        });
+    };
+    const auto options = FullyShardOptions().reshard_after_forward(true);
+    using FSDPProbe = FullyShardedDataParallel<ProbeImpl>;
+    torch::manual_seed(42);
+    FSDPSequential model(Sequential(FSDPProbe(Probe(7, 9, record), options), ReLU(),
+                                    FSDPProbe(Probe(9, 9, record_backward), options), ReLU(), Linear(9, 3)),
+                         options);
+    for (int step = 0; step < 2; ++step) {
+      gathers_seen.clear();
+      comm = std::make_unique<CommDebugMode>();
+      at::Tensor loss = model->forward(torch::randn({2, 7})).sum();
+      ASSERT_EQ(gathers_seen.size(), 2u);
+      if (step == 0) {
+        // Recording: each unit gathers only itself (root, then unit 0, then unit 1).
+        EXPECT_EQ(gathers_seen[0], 2);
+        EXPECT_EQ(gathers_seen[1], 3);
+      } else {
+        // Unit 0's pre-forward already started unit 1's gather.
+        EXPECT_EQ(gathers_seen[0], 3);
+        EXPECT_EQ(gathers_seen[1], 3);
+      }
+      comm->reset();
+      loss.backward();
+      // The order is known from the end of the first forward on, so already the first
+      // backward prefetches: the root (kept unsharded) starts unit 1's gather, whose
+      // pre-backward starts unit 0's: two gathers by the time unit 1's backward reaches its input.
+      EXPECT_EQ(gathers_at_unit1_backward, 2) << "step " << step;
+      EXPECT_EQ(comm->count("all_gather_into_tensor"), 2);
+      EXPECT_EQ(comm->count("reduce_scatter_tensor"), 3);
+      comm.reset();
+    }
+  });
+}
+
+// test_explicit_prefetching: the root prefetches all four blocks in forward, the last block
+// prefetches the two before it in backward; training stays at parity.
+TEST_P(FullyShardPrefetching, ExplicitPrefetching) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    CommDebugMode* comm = nullptr;
+    std::vector<int64_t> seen;
+    int64_t seen_in_backward = -1;
+    auto record = [&](at::Tensor&) {
+      if (comm) seen.push_back(comm->count("all_gather_into_tensor"));
+    };
+    auto record_last = [&](at::Tensor& x) {
+      record(x);
+      if (comm && x.requires_grad())
+        x.register_hook([&](const at::Tensor& g) {
+          if (comm) seen_in_backward = comm->count("all_gather_into_tensor");
+          return g;
+        });
+    };
+    const auto options = FullyShardOptions().reshard_after_forward(true);
+    using FSDPProbe = FullyShardedDataParallel<ProbeImpl>;
+    auto build = [&](bool wrap) {
+      Sequential seq;
+      for (int i = 0; i < 4; ++i) {
+        Probe probe(i == 0 ? 7 : 9, 9, i == 3 ? std::function<void(at::Tensor&)>(record_last) : record);
+        if (wrap)
+          seq->push_back(FSDPProbe(probe, options));
+        else
+          seq->push_back(probe);
+        seq->push_back(ReLU());
+      }
+      seq->push_back(Linear(9, 3));
+      return seq;
+    };
+    torch::manual_seed(42);
+    Sequential ref = build(false);
+    torch::manual_seed(42);
+    FSDPSequential model(build(true), options);
+    std::vector<std::shared_ptr<FSDPModule>> blocks;
+    for (int i = 0; i < 4; ++i) blocks.push_back(std::dynamic_pointer_cast<FSDPModule>(model->module()->ptr(2 * i)));
+    model->set_modules_to_forward_prefetch(blocks);
+    blocks[3]->set_modules_to_backward_prefetch({blocks[2], blocks[1]});
+
+    CommDebugMode mode;
+    comm = &mode;
+    at::Tensor loss = model->forward(torch::randn({2, 7})).sum();
+    comm->reset();
+    loss.backward();
+    // Forward: the root's pre-forward started all five gathers before block 0 ran.
+    ASSERT_EQ(seen.size(), 4u);
+    for (int64_t s : seen) EXPECT_EQ(s, 5);
+    // Backward: the root prefetched block 3 (implicit); block 3 prefetched blocks 2 and 1.
+    EXPECT_EQ(seen_in_backward, 3);
+    EXPECT_EQ(comm->count("all_gather_into_tensor"), 4);
+    comm = nullptr;
+
+    // Parity (a fresh model with the same prefetch settings).
+    torch::manual_seed(42);
+    Sequential ref2 = build(false);
+    torch::manual_seed(42);
+    FSDPSequential model2(build(true), options);
+    blocks.clear();
+    for (int i = 0; i < 4; ++i) blocks.push_back(std::dynamic_pointer_cast<FSDPModule>(model2->module()->ptr(2 * i)));
+    model2->set_modules_to_forward_prefetch(blocks);
+    blocks[3]->set_modules_to_backward_prefetch({blocks[2], blocks[1]});
+    ParityCase c;
+    c.steps = 5;
+    check_train_parity(ctx, *ref2, [&](const at::Tensor& x) { return ref2->forward(x); }, *model2,
+                       [&](const at::Tensor& x) { return model2->forward(x); }, 7, 3, c, "explicit prefetch");
+  });
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardPrefetching);
+
+// ---------------------------------------------------------------------------------------------
+// The wrapper in a model's place: a typed member changed in one line, a wrapped Sequential
+// inside a Sequential, deduction of the wrapped type, an optimizer built before wrapping.
+
+struct NetImpl : torch::nn::Module {
+  NetImpl(bool wrap, const FullyShardOptions& options) {
+    torch::nn::Linear plain(7, 9);
+    if (wrap)
+      fc = register_module("fc", FullyShardedDataParallel<torch::nn::LinearImpl>(plain, options));
+    else
+      fc_plain = register_module("fc", plain);
+    Sequential tail(ReLU(), Linear(9, 3));
+    if (wrap)
+      head = register_module("head", Sequential(FSDPSequential(tail, options)));
+    else
+      head = register_module("head", tail);
+  }
+  at::Tensor forward(const at::Tensor& x) { return head->forward(fc ? fc->forward(x) : fc_plain->forward(x)); }
+  // The one-line change: `torch::nn::Linear fc{nullptr};` becomes this.
+  FullyShardedDataParallel<torch::nn::LinearImpl> fc{nullptr};
+  torch::nn::Linear fc_plain{nullptr};
+  Sequential head{nullptr};
+};
+TORCH_MODULE(Net);
+
+class FullyShardWrapper : public testing::WorldSizeTest {};
+
+TEST_P(FullyShardWrapper, TypedMemberNestedSequentialDeductionAndEarlyOptimizer) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size, rank = ctx.rank;
+    const int64_t local = kGlobalBatch / n;
+    FullyShardedDataParallel deduced(Linear(3, 4));
+    static_assert(std::is_same_v<decltype(deduced), FullyShardedDataParallel<torch::nn::LinearImpl>>);
+    EXPECT_EQ(deduced->module()->weight.size(0), (4 + n - 1) / n - (rank == n - 1 ? (4 + n - 1) / n * n - 4 : 0));
+
+    const auto options = FullyShardOptions().reshard_after_forward(true);
+    torch::manual_seed(42);
+    Net ref(false, options);
+    torch::manual_seed(42);
+    Net plain(true, options);
+    // Built before the root is wrapped (the inner units are already wrapped): same parameter objects.
+    torch::optim::SGD early(plain->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    FullyShardedDataParallel<NetImpl> model(plain, options);
+    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    EXPECT_EQ(fsdp_units(*model).size(), 3u);
+    for (int step = 0; step < 3; ++step) {
+      torch::manual_seed(step);
+      at::Tensor x = torch::randn({kGlobalBatch, 7});
+      ref->forward(x).pow(2).mean().backward();
+      model->forward(x.narrow(0, rank * local, local)).pow(2).mean().backward();
+      ref_opt.step();
+      early.step();
+      ref_opt.zero_grad();
+      early.zero_grad();
+      auto full = full_params(*model);
+      auto ref_params = ref->parameters();
+      ASSERT_EQ(full.size(), ref_params.size());
+      for (size_t i = 0; i < full.size(); ++i)
+        expect_close(full[i], ref_params[i].detach(), "step " + std::to_string(step) + " param " + std::to_string(i));
+    }
+  });
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardWrapper);
+
+// Resharding really frees the unsharded memory (the buffer's storage shrinks to 0 bytes and
+// is reallocated at the next unshard; autograd's saved views keep the same storage).
+class FullyShardMemory : public testing::WorldSizeTest {};
+
+TEST_P(FullyShardMemory, ReshardFreesUnshardedMemory) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    FSDPLinear model(Linear(256, 129));
+    const int64_t unsharded_bytes = model->unsharded_padded_numel() * 4;
+    EXPECT_GE(unsharded_bytes, (256 * 129 + 129) * 4);
+    const int64_t base = memory_stats().current_bytes;
+    model->unshard();
+    const int64_t unsharded = memory_stats().current_bytes;
+    // (a few bytes of bookkeeping elsewhere may come and go meanwhile)
+    EXPECT_GE(unsharded - base, unsharded_bytes - 1024) << "the unsharded buffer is allocated";
+    EXPECT_LT(unsharded - base, unsharded_bytes + unsharded_bytes / 4) << "and the gather's staging is freed";
+    model->reshard();
+    EXPECT_LT(memory_stats().current_bytes - base, unsharded_bytes / 4) << "reshard frees it";
+    // Through a training step with reshard_after_forward (a root keeps its parameters, so wrap
+    // the unit inside a root): after forward the inner unit's memory is free again although
+    // autograd holds views of it, and backward regathers into the same storage.
+    torch::manual_seed(1);
+    FSDPSequential root(Sequential(FSDPLinear(Linear(256, 129)), ReLU(), Linear(129, 1)));
+    auto units = fsdp_units(*root);
+    at::Tensor x = torch::randn({2, 256});
+    const int64_t before = memory_stats().current_bytes;
+    at::Tensor loss = root->forward(x).sum();
+    const int64_t inner_bytes = units[1]->unsharded_padded_numel() * 4;
+    EXPECT_LT(memory_stats().current_bytes - before, inner_bytes / 2) << "inner unit resharded after forward";
+    loss.backward();
+    for (const auto& p : root->parameters()) EXPECT_TRUE(p.grad().defined());
+  });
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardMemory);
+
+// ---------------------------------------------------------------------------------------------
+// Bad input
+
+class FullyShardBadInput : public testing::WorldSizeTest {};
+
+TEST_P(FullyShardBadInput, WrapTwice) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    Linear lin(5, 3);
+    FSDPLinear first(lin);
+    std::string message = "no error";
+    try {
+      FSDPLinear second(lin);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("parameter 'weight' is already sharded by FSDP unit torch::nn::Linear"), std::string::npos)
+        << message;
+    message = "no error";
+    try {
+      FullyShardedDataParallel<FullyShardedDataParallelImpl<torch::nn::LinearImpl>> nested(first);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("is already a FullyShardedDataParallel"), std::string::npos) << message;
+  });
+}
+
+TEST_P(FullyShardBadInput, ModelsThatDifferAcrossRanks) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    if (ctx.world_size == 1) return;
+    const int odd = ctx.world_size - 1;
+    // 8 or 9 rows: at world size 3 both pad to the same chunks, so only a check of the
+    // shapes themselves can tell.
+    const int64_t rows = ctx.rank == odd ? 9 : 8;
+    std::string message = "no error";
+    try {
+      FSDPLinear model(Linear(5, rows));
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("the ranks' models differ; rank " + std::to_string(ctx.rank) + " of group world has 'weight' [" +
+                           std::to_string(rows) + ", 5] Float; 'bias' [" + std::to_string(rows) + "] Float;"),
+              std::string::npos)
+        << message;
+    // The group stays usable.
+    FSDPLinear same(Linear(5, 3));
+    EXPECT_EQ(same->forward(torch::randn({2, 5})).sizes(), (std::vector<int64_t>{2, 3}));
+  });
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardBadInput);
+
+}  // namespace
+}  // namespace fsdpp
