@@ -178,14 +178,22 @@ TEST_P(Collectives, BroadcastBytes) {
 TEST_P(Collectives, AsyncReturnsBeforeCompletionAndOverlapsCompute) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     const int last = ctx.world_size - 1;
+    const std::string rank0_returned = ctx.temp_dir + "/rank0-returned";
     at::Tensor t = rank_values(ctx.rank, 1 << 20, at::kFloat);
-    if (ctx.rank == last && ctx.world_size > 1) std::this_thread::sleep_for(std::chrono::seconds(1));
+    if (ctx.rank == last && ctx.world_size > 1) {
+      // Join only once rank 0's call has returned: a blocking call would never return, and
+      // this rank would give up (ordering, not timing).
+      for (int i = 0; i < 3000 && !std::filesystem::exists(rank0_returned); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      EXPECT_TRUE(std::filesystem::exists(rank0_returned)) << "rank 0's async all_reduce did not return";
+    }
     Work work = all_reduce(t, ReduceOp::SUM, {}, /*async_op=*/true);
     if (ctx.rank == 0 && ctx.world_size > 1) {
-      // The last rank has not joined yet, so the call must have returned early...
+      // The last rank has not joined yet, so the collective cannot be complete...
       EXPECT_FALSE(work.is_completed());
+      std::ofstream(rank0_returned) << "x";
     }
-    // ...leaving this thread free to compute meanwhile.
+    // ...and this thread is free to compute meanwhile.
     at::Tensor a = at::randn({128, 128});
     at::Tensor product = at::mm(a, a);
     work.wait();
