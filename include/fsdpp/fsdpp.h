@@ -2,6 +2,7 @@
 // fsdpp: PyTorch's distributed data-parallel training stack for the libtorch C++ frontend.
 #include <fsdpp/collectives.h>
 #include <fsdpp/comm_debug_mode.h>
+#include <fsdpp/ddp_zero_hook.h>
 #include <fsdpp/device_mesh.h>
 #include <fsdpp/distributed_data_parallel.h>
 #include <fsdpp/error.h>

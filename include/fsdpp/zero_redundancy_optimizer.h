@@ -30,6 +30,7 @@
 #include <fsdpp/error.h>
 #include <fsdpp/join.h>
 #include <fsdpp/process_group.h>
+#include <fsdpp/work.h>
 
 namespace fsdpp {
 
@@ -126,7 +127,9 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   ZeroRedundancyOptimizerBase& operator=(const ZeroRedundancyOptimizerBase&) = delete;
   ~ZeroRedundancyOptimizerBase() override;
 
-  // Runs the wrapped optimizer's step on this rank's partition (calling `closure`, if any, as
+  // With overlap_with_ddp(): does nothing and returns an undefined tensor (the DDP hook
+  // already stepped every bucket during backward); a closure is an error.
+  // Otherwise: runs the wrapped optimizer's step on this rank's partition (calling `closure`, if any, as
   // the wrapped optimizer does: on every rank), then broadcasts each rank's updated partition.
   // Returns the closure's loss. Collective: every rank of the group must call it. If the wrapped
   // step throws (e.g. the closure throws), the error propagates before any parameter or state
@@ -181,6 +184,25 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   // partition (its parameters are views into it); empty otherwise.
   const std::vector<torch::Tensor>& buckets() const { return buckets_; }
 
+  // ---- Overlap with DDP (fsdpp/ddp_zero_hook.h; PyTorch's overlap_with_ddp=True) ----
+  // Re-partitions by DDP bucket instead of sorted-greedy: `buckets` lists this optimizer's
+  // parameters bucket by bucket (every parameter exactly once), and bucket b belongs to group
+  // rank b % world_size(). Only before the first step, without parameters_as_bucket_view.
+  // Afterwards step() is a no-op (the DDP hook steps each bucket during backward), and
+  // add_param_group is refused. Local; every rank must pass the same buckets.
+  void partition_by_buckets(const std::vector<std::vector<torch::Tensor>>& buckets);
+  bool overlap_with_ddp() const { return !bucket_params_.empty(); }
+  size_t num_overlap_buckets() const { return bucket_params_.size(); }
+  // The group rank that owns bucket b (b % world_size()).
+  int bucket_owner(size_t b) const { return static_cast<int>(b % static_cast<size_t>(world_size_)); }
+  // Steps bucket b: on its owner, the wrapped optimizer updates the bucket's parameters only,
+  // with `gradients` (one per parameter of the bucket, in partition_by_buckets order; an
+  // undefined one skips its parameter) or, when `gradients` is empty, with their `.grad`
+  // (other parameters' `.grad` is untouched). Then the owner broadcasts the bucket's
+  // parameters on `group` (collective: every rank of `group`, which must have the ranks of
+  // process_group(), calls it for the same bucket in the same order).
+  void step_bucket(size_t b, const std::vector<torch::Tensor>& gradients, const ProcessGroup& group);
+
   // Joinable: a joined rank's hook runs step() (with the gradients it has), keeping the
   // broadcasts of the ranks still training matched.
   std::unique_ptr<JoinHook> join_hook() override;
@@ -215,6 +237,8 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   void partition_group(size_t group_index);
   void build_buckets();
   void sync_params();
+  void broadcast_params(const std::vector<int64_t>& indices, int src, const ProcessGroup& group,
+                        std::vector<Work>& works, std::vector<std::pair<torch::Tensor, torch::Tensor>>& copy_back);
   void check_no_duplicates(const std::vector<torch::Tensor>& params) const;
 
   ProcessGroup group_;
@@ -231,6 +255,7 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   std::unique_ptr<OptimizerStateDict> consolidated_;
   std::string consolidated_stale_;  // why consolidated_ went stale, if it did
   int64_t steps_ = 0;
+  std::vector<std::vector<int64_t>> bucket_params_;  // overlap_with_ddp: parameter indices per bucket
 };
 
 // Wraps any torch::optim optimizer `O` constructible as O(std::vector<OptimizerParamGroup>,

@@ -173,6 +173,24 @@ void ZeroRedundancyOptimizerBase::build_buckets() {
   buckets_ = std::move(buckets);
 }
 
+// Starts async broadcasts of the given parameters from `src`; a non-contiguous parameter
+// travels through a contiguous copy that the caller copies back after waiting.
+void ZeroRedundancyOptimizerBase::broadcast_params(const std::vector<int64_t>& indices, int src,
+                                                   const ProcessGroup& group, std::vector<Work>& works,
+                                                   std::vector<std::pair<torch::Tensor, torch::Tensor>>& copy_back) {
+  for (int64_t i : indices) {
+    torch::Tensor p = all_params_[i].detach();
+    if (p.numel() == 0) continue;
+    if (p.is_contiguous()) {
+      works.push_back(broadcast(p, src, group, /*async_op=*/true));
+    } else {
+      torch::Tensor staging = p.contiguous();
+      works.push_back(broadcast(staging, src, group, /*async_op=*/true));
+      copy_back.emplace_back(p, staging);
+    }
+  }
+}
+
 void ZeroRedundancyOptimizerBase::sync_params() {
   if (world_size_ == 1) return;
   torch::NoGradGuard no_grad;
@@ -184,23 +202,19 @@ void ZeroRedundancyOptimizerBase::sync_params() {
       if (buckets_[r].numel() > 0) works.push_back(broadcast(buckets_[r], src, group_, /*async_op=*/true));
       continue;
     }
-    for (int64_t i : rank_params_[r]) {
-      torch::Tensor p = all_params_[i].detach();
-      if (p.numel() == 0) continue;
-      if (p.is_contiguous()) {
-        works.push_back(broadcast(p, src, group_, true));
-      } else {
-        torch::Tensor staging = p.contiguous();
-        works.push_back(broadcast(staging, src, group_, true));
-        copy_back.emplace_back(p, staging);
-      }
-    }
+    broadcast_params(rank_params_[r], src, group_, works, copy_back);
   }
   for (auto& w : works) w.wait();
   for (auto& [p, staging] : copy_back) p.copy_(staging);
 }
 
 torch::Tensor ZeroRedundancyOptimizerBase::step(LossClosure closure) {
+  if (overlap_with_ddp()) {
+    if (closure)
+      throw Error("ZeroRedundancyOptimizer::step: with overlap_with_ddp the DDP hook steps during backward; "
+                  "step() is a no-op and takes no closure");
+    return {};
+  }
   before_step();
   torch::Tensor loss = local_->step(std::move(closure));
   after_step();
@@ -208,6 +222,8 @@ torch::Tensor ZeroRedundancyOptimizerBase::step(LossClosure closure) {
 }
 
 void ZeroRedundancyOptimizerBase::before_step() {
+  if (overlap_with_ddp())
+    throw Error("ZeroRedundancyOptimizer::step: with overlap_with_ddp the DDP hook steps during backward");
   Join::notify_join_context(*this);
   // Options set on this optimizer's groups (an LR scheduler, load_state_dict) reach the
   // wrapped optimizer.
@@ -241,6 +257,8 @@ void ZeroRedundancyOptimizerBase::zero_grad(bool set_to_none) {
 }
 
 void ZeroRedundancyOptimizerBase::add_param_group(const OptimizerParamGroup& param_group) {
+  if (overlap_with_ddp())
+    throw Error("ZeroRedundancyOptimizer::add_param_group is not supported with overlap_with_ddp");
   const size_t g = param_groups_.size();
   if (param_group.has_options() && !options_compatible(param_group.options()))
     throw Error("ZeroRedundancyOptimizer::add_param_group: the group has options of type " +
@@ -261,6 +279,106 @@ void ZeroRedundancyOptimizerBase::add_param_group(const OptimizerParamGroup& par
   if (consolidated_) {
     consolidated_.reset();
     consolidated_stale_ = "add_param_group() ran after consolidate_state_dict()";
+  }
+}
+
+void ZeroRedundancyOptimizerBase::partition_by_buckets(const std::vector<std::vector<torch::Tensor>>& buckets) {
+  const std::string ctx = "ZeroRedundancyOptimizer::partition_by_buckets: ";
+  if (overlap_with_ddp()) throw Error(ctx + "the optimizer is already partitioned by bucket");
+  if (bucket_view_) throw Error(ctx + "not supported with parameters_as_bucket_view");
+  if (steps_ > 0 || !local_->state().empty()) throw Error(ctx + "must be called before the first step");
+  std::unordered_map<const void*, int64_t> index_of;
+  for (size_t i = 0; i < all_params_.size(); ++i) index_of.emplace(all_params_[i].unsafeGetTensorImpl(), i);
+  std::vector<std::vector<int64_t>> bucket_params(buckets.size());
+  std::vector<int> owner(all_params_.size(), -1);
+  for (size_t b = 0; b < buckets.size(); ++b)
+    for (const auto& p : buckets[b]) {
+      auto it = index_of.find(p.unsafeGetTensorImpl());
+      if (it == index_of.end())
+        throw Error(ctx + "bucket " + std::to_string(b) + " holds a tensor that is not a parameter of this optimizer");
+      if (owner[it->second] != -1)
+        throw Error(ctx + "parameter " + std::to_string(it->second) + " appears in more than one bucket (or twice)");
+      owner[it->second] = bucket_owner(b);
+      bucket_params[b].push_back(it->second);
+    }
+  for (size_t i = 0; i < owner.size(); ++i)
+    if (owner[i] == -1)
+      throw Error(ctx + "parameter " + std::to_string(i) + " of the optimizer is in no bucket (every parameter must be in a DDP bucket)");
+  rank_params_.assign(world_size_, {});
+  rank_sizes_.assign(world_size_, 0);
+  for (const auto& indices : bucket_params)
+    for (int64_t i : indices) {
+      rank_params_[owner[i]].push_back(i);
+      rank_sizes_[owner[i]] += all_params_[i].numel();
+    }
+  owner_ = std::move(owner);
+  std::vector<OptimizerParamGroup> local_groups;
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    std::vector<torch::Tensor> local;
+    for (int64_t i : rank_params_[rank_])
+      if (group_of_[i] == g) local.push_back(all_params_[i]);
+    local_groups.emplace_back(std::move(local), param_groups_[g].options().clone());
+  }
+  local_ = make_local_optimizer(std::move(local_groups));
+  bucket_params_ = std::move(bucket_params);
+  if (bucket_params_.empty()) bucket_params_.emplace_back();  // keeps overlap_with_ddp() true
+}
+
+void ZeroRedundancyOptimizerBase::step_bucket(size_t b, const std::vector<torch::Tensor>& gradients,
+                                              const ProcessGroup& group) {
+  if (!overlap_with_ddp()) throw Error("ZeroRedundancyOptimizer::step_bucket: call partition_by_buckets first");
+  if (b >= bucket_params_.size())
+    throw Error("ZeroRedundancyOptimizer::step_bucket: bucket " + std::to_string(b) + " out of range (" +
+                std::to_string(bucket_params_.size()) + " buckets)");
+  const auto& indices = bucket_params_[b];
+  if (!gradients.empty() && gradients.size() != indices.size())
+    throw Error("ZeroRedundancyOptimizer::step_bucket: bucket " + std::to_string(b) + " has " +
+                std::to_string(indices.size()) + " parameters, got " + std::to_string(gradients.size()) + " gradients");
+  const int owner = bucket_owner(b);
+  if (owner == rank_) {
+    auto& local_groups = local_->param_groups();
+    for (size_t g = 0; g < param_groups_.size(); ++g) assign_options(local_groups[g], param_groups_[g].options());
+    // The wrapped optimizer skips parameters without a gradient: show it the bucket's only.
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> saved;  // (parameter, its .grad)
+    std::unordered_set<int64_t> in_bucket(indices.begin(), indices.end());
+    for (int64_t i : rank_params_[rank_]) {
+      torch::Tensor& p = all_params_[i];
+      saved.emplace_back(p, p.grad());
+      if (!in_bucket.count(i)) p.mutable_grad().reset();
+    }
+    if (!gradients.empty())
+      for (size_t j = 0; j < indices.size(); ++j) {
+        torch::Tensor& p = all_params_[indices[j]];
+        if (gradients[j].defined())
+          p.mutable_grad() = gradients[j].detach();
+        else
+          p.mutable_grad().reset();
+      }
+    auto restore = [&] {
+      for (auto& [p, grad] : saved) p.mutable_grad() = grad;
+    };
+    try {
+      local_->step();
+    } catch (...) {
+      restore();
+      throw;
+    }
+    restore();
+    for (size_t g = 0; g < param_groups_.size(); ++g) assign_options(param_groups_[g], local_groups[g].options());
+  }
+  if (world_size_ > 1) {
+    torch::NoGradGuard no_grad;
+    const int src = group.global_rank(owner);
+    std::vector<Work> works;
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> copy_back;
+    broadcast_params(indices, src, group, works, copy_back);
+    for (auto& w : works) w.wait();
+    for (auto& [p, staging] : copy_back) p.copy_(staging);
+  }
+  if (b + 1 == bucket_params_.size()) ++steps_;
+  if (consolidated_) {
+    consolidated_.reset();
+    consolidated_stale_ = "a DDP-overlapped step ran after consolidate_state_dict()";
   }
 }
 

@@ -12,6 +12,7 @@
 #include <fsdpp/zero_redundancy_optimizer.h>
 
 #include "dist/world_sizes.h"
+#include "dist/zero_suite.h"
 #include "harness/multi_process.h"
 
 namespace zero_test {
@@ -25,9 +26,6 @@ using LossClosure = torch::optim::Optimizer::LossClosure;
 
 template <typename O>
 using ZeRO = fsdpp::ZeroRedundancyOptimizer<O>;
-
-// The suite is named after the system (ZeroRedundancyOptimizer.StateDict/WorldSize2, ...).
-class ZeroRedundancyOptimizer : public fsdpp::testing::WorldSizeTest {};
 
 template <typename F>
 std::string error_of(F&& f) {
@@ -198,7 +196,9 @@ TEST_P(ZeroRedundancyOptimizer, StateDictErrors) {
     x.backward();
     o.step();
     o.consolidate_state_dict(0);
-    if (ctx.rank == 0) EXPECT_EQ(o.state_dict().state.size(), 1u);
+    if (ctx.rank == 0) {
+      EXPECT_EQ(o.state_dict().state.size(), 1u);
+    }
     o.step();
     m = error_of([&] { o.state_dict(); });
     if (ctx.rank == 0)
@@ -688,7 +688,9 @@ TEST_P(ZeroRedundancyOptimizer, AddParamGroup) {
       EXPECT_EQ(o.optim().param_groups()[1].options().get_lr(), 0.5);
       // Rank 0 got the 100 and (n > 1) nothing else: the new parameter goes elsewhere.
       EXPECT_EQ(o.param_owners()[0], 0);
-      if (n > 1) EXPECT_NE(o.param_owners().back(), 0);
+      if (n > 1) {
+        EXPECT_NE(o.param_owners().back(), 0);
+      }
     }
   });
 }
@@ -1095,7 +1097,9 @@ TEST_P(ZeroRedundancyOptimizer, OptimizerStateBytesScaleAsOneOverN) {
     // Sorted-greedy keeps every rank within one parameter of the mean.
     const int64_t largest = 2 * 4 * 16 * 16;
     EXPECT_LE(std::abs(mine - plain_bytes / n), largest) << "rank " << ctx.rank << ": " << mine << " of " << plain_bytes;
-    if (n > 1) EXPECT_LE(mine, plain_bytes * 6 / (5 * n)) << "more than 1.2/N of the plain optimizer's state";
+    if (n > 1) {
+      EXPECT_LE(mine, plain_bytes * 6 / (5 * n)) << "more than 1.2/N of the plain optimizer's state";
+    }
   });
 }
 

@@ -1,0 +1,209 @@
+// DDP + ZeRO overlap (seed 004's test_ddp_zero_overlap): hook_with_zero_step and
+// hook_with_zero_step_interleaved at world sizes 1-4.
+//
+// Each test trains the same model twice for 5 steps with SGD (momentum) and Adam: DDP + a
+// ZeroRedundancyOptimizer stepped by the hook during backward, and DDP + a plain local
+// optimizer stepped after backward. Both reduce the same gradients through the same buckets,
+// and the ZeRO owner of a parameter runs the same optimizer arithmetic on it as the plain
+// optimizer, so losses and parameters agree to the last bit in practice; kRtol / kAtol only
+// absorb rounding, while a missed, doubled or stale step, or a missing broadcast, moves a
+// parameter by ~lr * grad (1e-3 or more).
+//
+// "During backward" is checked deterministically: an identity Function at the model input
+// runs in backward after every other layer's gradient, and records the last layer's weight
+// then; it must already differ from the weight before backward and equal the weight after
+// the step, on every rank (so bucket 0 was stepped by its owner and broadcast by then).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <fsdpp/collectives.h>
+#include <fsdpp/ddp_zero_hook.h>
+#include <fsdpp/distributed_data_parallel.h>
+#include <fsdpp/error.h>
+#include <fsdpp/zero_redundancy_optimizer.h>
+
+#include "dist/zero_suite.h"
+#include "harness/multi_process.h"
+
+namespace zero_test {
+namespace {
+
+using fsdpp::DistributedDataParallel;
+using fsdpp::DistributedDataParallelOptions;
+using fsdpp::GradBucket;
+using fsdpp::Work;
+using fsdpp::testing::RankContext;
+using fsdpp::testing::run_ranks;
+
+constexpr double kRtol = 1e-6;
+constexpr double kAtol = 1e-7;
+constexpr int64_t kBatch = 12;  // divisible by 1, 2, 3 and 4
+constexpr int64_t kIn = 6, kHidden = 8, kOut = 3;
+constexpr int kSteps = 5;
+
+double cap_of_floats(int64_t floats) { return static_cast<double>(floats * 4) / (1024.0 * 1024.0); }
+
+// Identity whose backward waits (up to 10 s) until `done()` says so: long enough for bucket
+// 0's reduction to finish, so DDP sees it done at the next gradient (no timing assumption).
+struct WaitInBackward : torch::autograd::Function<WaitInBackward> {
+  static inline std::function<bool()> done;
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list g) {
+    for (int i = 0; i < 1000 && done && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return {g[0]};
+  }
+};
+
+// Identity at the model input: its backward runs last, after every parameter's gradient.
+struct ProbeAtInput : torch::autograd::Function<ProbeAtInput> {
+  static inline std::function<void()> reached;
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list g) {
+    if (reached) reached();
+    return {g[0]};
+  }
+};
+
+struct ThreeLayersImpl : torch::nn::Module {
+  ThreeLayersImpl() {
+    l1 = register_module("l1", torch::nn::Linear(kIn, kHidden));
+    l2 = register_module("l2", torch::nn::Linear(kHidden, kHidden));
+    l3 = register_module("l3", torch::nn::Linear(kHidden, kOut));
+  }
+  // x must require grad so that the probe's backward runs.
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = torch::tanh(l2(torch::tanh(l1(ProbeAtInput::apply(x)))));
+    return l3(WaitInBackward::apply(h));  // backward: l3, the wait, l2, l1, the probe
+  }
+  torch::nn::Linear l1{nullptr}, l2{nullptr}, l3{nullptr};
+};
+TORCH_MODULE(ThreeLayers);
+
+struct Batch {
+  at::Tensor x, y;
+};
+
+Batch local_batch(int step, int rank, int world_size) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(2000 + step);
+  at::Tensor x = at::randn({kBatch, kIn}, gen), y = at::randn({kBatch, kOut}, gen);
+  const int64_t rows = kBatch / world_size;
+  return {x.narrow(0, rank * rows, rows).clone().requires_grad_(true), y.narrow(0, rank * rows, rows)};
+}
+
+at::Tensor average_over_ranks(const at::Tensor& local) {
+  at::Tensor t = local.detach().clone().reshape({1});
+  fsdpp::all_reduce(t, fsdpp::ReduceOp::AVG);
+  return t[0];
+}
+
+void expect_close(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  EXPECT_TRUE(at::allclose(actual, expected, kRtol, kAtol))
+      << what << ": max abs diff " << (actual - expected).abs().max().item<double>();
+}
+
+enum class Variant { kAfterReduction, kInterleaved };
+
+void run_overlap_parity(RankContext& ctx, Variant variant) {
+  for (std::string optimizer : {"sgd", "adam"}) {
+    SCOPED_TRACE(optimizer);
+    const auto options = DistributedDataParallelOptions().bucket_cap_mb(cap_of_floats(30));
+    torch::manual_seed(300 + ctx.rank);  // rank 0's values arrive by DDP's construction broadcast
+    ThreeLayers model;
+    torch::manual_seed(300);
+    ThreeLayers reference;
+    DistributedDataParallel ddp(model, options);
+    DistributedDataParallel ref_ddp(reference, options);
+    ASSERT_EQ(ddp.bucket_parameter_names(), (std::vector<std::vector<std::string>>{
+                                                {"l3.bias", "l3.weight"}, {"l2.bias"}, {"l2.weight"}, {"l1.bias"}, {"l1.weight"}}));
+
+    std::unique_ptr<fsdpp::ZeroRedundancyOptimizerBase> zero;
+    std::unique_ptr<torch::optim::Optimizer> plain;
+    if (optimizer == "sgd") {
+      const auto o = torch::optim::SGDOptions(0.1).momentum(0.9);
+      zero = std::make_unique<fsdpp::ZeroRedundancyOptimizer<torch::optim::SGD>>(model->parameters(), o);
+      plain = std::make_unique<torch::optim::SGD>(reference->parameters(), o);
+    } else {
+      const auto o = torch::optim::AdamOptions(0.01);
+      zero = std::make_unique<fsdpp::ZeroRedundancyOptimizer<torch::optim::Adam>>(model->parameters(), o);
+      plain = std::make_unique<torch::optim::Adam>(reference->parameters(), o);
+    }
+
+    Work bucket0;
+    bool bucket0_launched = false;
+    if (variant == Variant::kAfterReduction) {
+      fsdpp::hook_with_zero_step(ddp, *zero);
+      // The comm hook stays free: the default reduction, remembering bucket 0's Work.
+      ddp.register_comm_hook([&](GradBucket& bucket) {
+        Work work = fsdpp::all_reduce(bucket.buffer(), fsdpp::ReduceOp::AVG, bucket.process_group(), true);
+        if (bucket.index() == 0) {
+          bucket0 = work;
+          bucket0_launched = true;
+        }
+        return work;
+      });
+    } else {
+      fsdpp::hook_with_zero_step_interleaved(ddp, *zero);
+    }
+    ASSERT_TRUE(zero->overlap_with_ddp());
+
+    // Bucket b belongs to rank b % world_size: the wrapped optimizer holds exactly those.
+    size_t owned = 0;
+    const auto names = ddp.bucket_parameter_names();
+    for (size_t b = 0; b < names.size(); ++b)
+      if (static_cast<int>(b % ctx.world_size) == ctx.rank) owned += names[b].size();
+    size_t local_params = 0;
+    for (const auto& g : zero->optim().param_groups()) local_params += g.params().size();
+    EXPECT_EQ(local_params, owned);
+
+    const at::Tensor l3_weight = model->l3->weight;
+    for (int step = 0; step < kSteps; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      const Batch local = local_batch(step, ctx.rank, ctx.world_size);
+
+      zero->zero_grad();
+      const at::Tensor before = l3_weight.detach().clone();
+      at::Tensor at_probe;
+      ProbeAtInput::reached = [&] { at_probe = l3_weight.detach().clone(); };
+      bucket0_launched = false;
+      if (variant == Variant::kAfterReduction)
+        WaitInBackward::done = [&] { return bucket0_launched && bucket0.is_completed(); };
+      at::Tensor loss = torch::mse_loss(ddp.forward(local.x), local.y);
+      loss.backward();
+      WaitInBackward::done = nullptr;
+      ProbeAtInput::reached = nullptr;
+      EXPECT_FALSE(zero->step().defined());  // a no-op: the hook already stepped
+
+      ASSERT_TRUE(at_probe.defined()) << "the probe at the model input did not run in backward";
+      EXPECT_FALSE(at::equal(at_probe, before)) << "bucket 0 (l3) was not yet stepped when backward reached the input";
+      EXPECT_TRUE(at::equal(at_probe, l3_weight.detach())) << "l3.weight changed after backward reached the input";
+
+      plain->zero_grad();
+      at::Tensor ref_loss = torch::mse_loss(ref_ddp.forward(local.x), local.y);
+      ref_loss.backward();
+      plain->step();
+
+      expect_close(average_over_ranks(loss), average_over_ranks(ref_loss), "loss");
+      auto actual = model->named_parameters(), expected = reference->named_parameters();
+      for (const auto& item : expected) expect_close(actual[item.key()], item.value(), "parameter " + item.key());
+    }
+  }
+}
+
+TEST_P(ZeroRedundancyOptimizer, DdpZeroOverlap) {
+  run_ranks(GetParam(), [](RankContext& ctx) { run_overlap_parity(ctx, Variant::kAfterReduction); });
+}
+
+TEST_P(ZeroRedundancyOptimizer, DdpZeroOverlapInterleaved) {
+  run_ranks(GetParam(), [](RankContext& ctx) { run_overlap_parity(ctx, Variant::kInterleaved); });
+}
+
+}  // namespace
+}  // namespace zero_test
