@@ -875,6 +875,14 @@ TEST_P(ZeroRedundancyOptimizer, LocalOptimizerParity) {
   });
 }
 
+// The other optimizers the issue names, with the same scenario.
+TEST_P(ZeroRedundancyOptimizer, LocalOptimizerParityRMSpropAdagrad) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    local_optimizer_parity<torch::optim::RMSprop>(ctx, torch::optim::RMSpropOptions(1e-3), "RMSprop");
+    local_optimizer_parity<torch::optim::Adagrad>(ctx, torch::optim::AdagradOptions(1e-2), "Adagrad");
+  });
+}
+
 // ------------------------------------------------------------------------------------------
 // Join: uneven inputs (seed's test_zero_join_cpu). Rank r has 3 + r inputs per epoch. The
 // ground truth is a plain Adam stepping on the gradients DDP with join would produce (joined
