@@ -236,6 +236,7 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
  private:
   void partition_group(size_t group_index);
   void build_buckets();
+  void build_local_optimizer();
   void sync_params();
   void broadcast_params(const std::vector<int64_t>& indices, int src, const ProcessGroup& group,
                         std::vector<Work>& works, std::vector<std::pair<torch::Tensor, torch::Tensor>>& copy_back);

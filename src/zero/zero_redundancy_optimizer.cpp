@@ -105,13 +105,8 @@ void ZeroRedundancyOptimizerBase::check_no_duplicates(const std::vector<torch::T
   }
 }
 
-void ZeroRedundancyOptimizerBase::initialize() {
-  rank_sizes_.assign(world_size_, 0);
-  rank_params_.assign(world_size_, {});
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    check_no_duplicates(param_groups_[g].params());
-    partition_group(g);
-  }
+// The wrapped optimizer over this rank's partition, one group per param group.
+void ZeroRedundancyOptimizerBase::build_local_optimizer() {
   std::vector<OptimizerParamGroup> local_groups;
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     std::vector<torch::Tensor> local;
@@ -120,6 +115,16 @@ void ZeroRedundancyOptimizerBase::initialize() {
     local_groups.emplace_back(std::move(local), param_groups_[g].options().clone());
   }
   local_ = make_local_optimizer(std::move(local_groups));
+}
+
+void ZeroRedundancyOptimizerBase::initialize() {
+  rank_sizes_.assign(world_size_, 0);
+  rank_params_.assign(world_size_, {});
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    check_no_duplicates(param_groups_[g].params());
+    partition_group(g);
+  }
+  build_local_optimizer();
   if (bucket_view_) build_buckets();
 }
 
@@ -312,14 +317,7 @@ void ZeroRedundancyOptimizerBase::partition_by_buckets(const std::vector<std::ve
       rank_sizes_[owner[i]] += all_params_[i].numel();
     }
   owner_ = std::move(owner);
-  std::vector<OptimizerParamGroup> local_groups;
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    std::vector<torch::Tensor> local;
-    for (int64_t i : rank_params_[rank_])
-      if (group_of_[i] == g) local.push_back(all_params_[i]);
-    local_groups.emplace_back(std::move(local), param_groups_[g].options().clone());
-  }
-  local_ = make_local_optimizer(std::move(local_groups));
+  build_local_optimizer();
   bucket_params_ = std::move(bucket_params);
   if (bucket_params_.empty()) bucket_params_.emplace_back();  // keeps overlap_with_ddp() true
 }
