@@ -1,5 +1,6 @@
 #pragma once
 // fsdpp: PyTorch's distributed data-parallel training stack for the libtorch C++ frontend.
+#include <fsdpp/checkpoint.h>
 #include <fsdpp/collectives.h>
 #include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/ddp_zero_hook.h>

@@ -1,0 +1,149 @@
+#pragma once
+// Distributed checkpoint, as torch.distributed.checkpoint: a directory with one safetensors data
+// file per rank plus a metadata file written last. Any sharding saves; any other sharding (world
+// size, process-group layout) loads, each rank reading only the byte ranges it needs.
+// The on-disk format is specified in docs/checkpoint-format.md.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include <fsdpp/process_group.h>
+
+namespace fsdpp::checkpoint {
+
+// One local piece of a global tensor: `tensor` sits at `offsets` (one per dimension).
+struct Shard {
+  at::Tensor tensor;
+  std::vector<int64_t> offsets;
+};
+
+// A value of a checkpoint's state: a tensor every rank holds whole, a sharded tensor (this
+// rank's shards plus the global shape), or a plain value (step counter, learning rate, RNG state).
+// On load, tensors are filled in place (an Entry shares the caller's tensor) and plain values
+// are replaced.
+class Entry {
+ public:
+  enum class Kind { kTensor, kSharded, kInt, kDouble, kString, kBytes };
+
+  Entry() : Entry(int64_t{0}) {}
+  // A whole tensor. When several ranks save the same key it must be the same on each (it is
+  // replicated) and is written once.
+  Entry(at::Tensor tensor);  // NOLINT: implicit, so a State reads like a state dict
+  Entry(int64_t value);      // NOLINT
+  Entry(int value) : Entry(int64_t{value}) {}  // NOLINT
+  Entry(double value);       // NOLINT
+  Entry(std::string value);  // NOLINT
+  Entry(const char* value) : Entry(std::string(value)) {}  // NOLINT
+  // This rank's shards of a tensor of `global_shape` (none, one or several; a shard may be empty).
+  static Entry sharded(std::vector<int64_t> global_shape, std::vector<Shard> shards);
+  static Entry sharded(at::Tensor local, std::vector<int64_t> offsets, std::vector<int64_t> global_shape);
+  // Raw bytes (e.g. a generator's get_state()), kept apart from text.
+  static Entry bytes(std::string value);
+
+  Kind kind() const { return kind_; }
+  bool is_tensor() const { return kind_ == Kind::kTensor || kind_ == Kind::kSharded; }
+  const at::Tensor& tensor() const;               // kTensor
+  const std::vector<Shard>& shards() const;       // kSharded
+  const std::vector<int64_t>& global_shape() const;  // kTensor (its sizes) or kSharded
+  int64_t to_int() const;
+  double to_double() const;
+  const std::string& to_string() const;  // kString or kBytes
+
+ private:
+  Kind kind_ = Kind::kInt;
+  at::Tensor tensor_;
+  std::vector<Shard> shards_;
+  std::vector<int64_t> global_shape_;
+  int64_t int_ = 0;
+  double double_ = 0;
+  std::string string_;
+};
+
+const char* to_string(Entry::Kind kind);
+
+// Names to entries. Keys are free-form ("model.fc1.weight", "optim.state.0.exp_avg", "step").
+using State = std::map<std::string, Entry>;
+
+struct SaveOptions {
+  // The ranks saving together; every member calls save. Default: the default group if
+  // init_process_group ran, else this process alone.
+  SaveOptions& process_group(ProcessGroup v) { process_group_ = std::move(v); return *this; }
+  ProcessGroup process_group_;
+};
+
+struct LoadOptions {
+  // Check each chunk read against its checksum (the whole chunk is read then). Off: read only
+  // the dim-0 rows of a chunk that overlap the destination.
+  LoadOptions& verify(bool v) { verify_ = v; return *this; }
+  bool verify_ = true;
+};
+
+// Collective over the group. Tensors must be on the CPU (or are copied there). Writes into
+// DIR.tmp-<id>, then moves it to DIR atomically, replacing a previous checkpoint at DIR only
+// once the new one is complete. Every rank returns or every rank throws.
+void save(const State& state, const std::string& dir, const SaveOptions& options = {});
+
+// What async_save returns: wait() blocks until the checkpoint is complete (or throws its error).
+class SaveHandle {
+ public:
+  SaveHandle() = default;
+  void wait();
+  bool done() const;
+  struct Impl;
+  explicit SaveHandle(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// Collective: stages every tensor to CPU memory and agrees on the plan now, then writes on a
+// background thread while the caller trains on. A later save or async_save first waits for it.
+SaveHandle async_save(const State& state, const std::string& dir, const SaveOptions& options = {});
+
+// Not collective: reads what this rank's entries need. Entries must name saved keys with the
+// saved dtype and global shape. On any error nothing in `state` has changed.
+void load(State& state, const std::string& dir, const LoadOptions& options = {});
+
+// The metadata file, parsed (see docs/checkpoint-format.md).
+struct ChunkInfo {
+  std::vector<int64_t> offsets, sizes;
+  std::string file;  // relative to the checkpoint directory
+  std::string name;  // the tensor's name inside that safetensors file
+  int64_t begin = 0, end = 0;  // absolute byte range in the file
+  std::string xxh3_64;         // 16 lowercase hex digits, or empty when not recorded
+};
+struct EntryInfo {
+  Entry::Kind kind = Entry::Kind::kTensor;  // kTensor for every tensor entry
+  std::string dtype;                        // safetensors name: F32, BF16, I64, ...
+  std::vector<int64_t> shape;
+  std::vector<ChunkInfo> chunks;
+  Entry value;  // plain values
+};
+struct Metadata {
+  int world_size = 1;
+  std::vector<std::string> files;
+  std::map<std::string, int64_t> file_sizes;
+  std::map<std::string, EntryInfo> entries;
+};
+Metadata read_metadata(const std::string& dir);
+
+// fsdpp-ckpt's commands as functions.
+std::string inspect(const std::string& dir);
+// Every problem found (bad checksum, truncated or missing file, header mismatch); empty when sound.
+std::vector<std::string> verify(const std::string& dir);
+// One standard safetensors file with every tensor whole; plain values go to its __metadata__.
+void consolidate(const std::string& dir, const std::string& safetensors_file);
+
+// Plain safetensors files (as Python's safetensors and Hugging Face write them).
+void save_safetensors(const std::map<std::string, at::Tensor>& tensors, const std::string& file,
+                      const std::map<std::string, std::string>& metadata = {});
+std::map<std::string, at::Tensor> load_safetensors(const std::string& file);
+// Fills each tensor entry of `state` from the tensor of the same name, reading only the byte
+// ranges its shards need (dim-0 rows); sharded entries load their slice of the full tensor.
+void load_safetensors(State& state, const std::string& file);
+
+}  // namespace fsdpp::checkpoint

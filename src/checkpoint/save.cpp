@@ -1,0 +1,470 @@
+// Collective save: agree on a plan (who writes which chunk, where), write one safetensors file
+// per rank into DIR.tmp-<id>, gather checksums, then rank 0 writes the metadata last and
+// atomically and moves the directory into place.
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include <fsdpp/checkpoint.h>
+#include <fsdpp/collectives.h>
+#include <fsdpp/error.h>
+
+#include "checkpoint/file_io.h"
+#include "checkpoint/format.h"
+#include "checkpoint/metadata.h"
+#include "checkpoint/safetensors.h"
+
+namespace fsdpp::checkpoint {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+using namespace detail;
+
+namespace {
+
+// The ranks saving together; a process alone needs no collectives.
+struct Comm {
+  ProcessGroup group;
+  bool alone = true;
+  int rank = 0, size = 1;
+
+  static Comm from(const SaveOptions& options) {
+    Comm c;
+    ProcessGroup g = options.process_group_;
+    if (!g.defined() && is_initialized()) g = default_group();
+    if (g.defined()) {
+      if (!g.is_member()) throw Error("checkpoint::save: this rank is not a member of group " + g.name());
+      c.group = g;
+      c.rank = g.rank();
+      c.size = g.size();
+      c.alone = c.size == 1;
+    }
+    return c;
+  }
+
+  std::vector<std::string> all_gather(const std::string& mine) const {
+    if (alone) return {mine};
+    at::Tensor lengths = at::empty({size}, at::kLong);
+    all_gather_into_tensor(lengths, at::tensor({static_cast<int64_t>(mine.size())}, at::kLong), group);
+    const int64_t longest = std::max<int64_t>(1, lengths.max().item<int64_t>());
+    at::Tensor in = at::zeros({longest}, at::kByte);
+    std::memcpy(in.data_ptr(), mine.data(), mine.size());
+    at::Tensor out = at::empty({longest * size}, at::kByte);
+    all_gather_into_tensor(out, in, group);
+    std::vector<std::string> all(size);
+    const auto* p = static_cast<const char*>(out.data_ptr());
+    for (int r = 0; r < size; ++r) all[r].assign(p + r * longest, static_cast<size_t>(lengths[r].item<int64_t>()));
+    return all;
+  }
+
+  // From group rank 0 to every rank.
+  void broadcast(std::string& bytes) const {
+    if (!alone) broadcast_bytes(bytes, group.global_rank(0), group);
+  }
+};
+
+// An Error's message without its "fsdpp: ", to be wrapped in another Error.
+std::string without_prefix(const std::string& what) {
+  return what.rfind("fsdpp: ", 0) == 0 ? what.substr(7) : what;
+}
+
+// One piece this rank saves: a whole tensor (offsets 0) or a shard.
+struct Item {
+  std::string key, dtype;
+  std::vector<int64_t> shape;
+  Box box;
+  at::Tensor data;  // contiguous, on the CPU
+};
+
+struct Staged {
+  std::vector<Item> items;
+  std::map<std::string, Entry> values;
+  std::string error;  // a bad entry on this rank; reported collectively
+};
+
+Staged stage(const State& state, bool clone) {
+  Staged s;
+  try {
+    for (const auto& [key, e] : state) {
+      if (key.empty()) throw Error("checkpoint::save: an entry has an empty key");
+      auto add = [&, key = key](const at::Tensor& t, std::vector<int64_t> offsets, const std::vector<int64_t>& shape) {
+        Item it;
+        it.key = key;
+        it.dtype = dtype_name(t.scalar_type());
+        it.shape = shape;
+        it.box = Box{std::move(offsets), t.sizes().vec()};
+        if (numel(it.box.sizes) == 0 && !shape.empty()) return;  // an empty shard holds nothing
+        // async_save stages a copy; save may write straight from the caller's memory.
+        at::Tensor cpu = t.detach().to(at::kCPU);
+        it.data = clone ? cpu.clone(at::MemoryFormat::Contiguous) : cpu.contiguous();
+        s.items.push_back(std::move(it));
+      };
+      switch (e.kind()) {
+        case Entry::Kind::kTensor:
+          add(e.tensor(), std::vector<int64_t>(e.tensor().dim(), 0), e.global_shape());
+          break;
+        case Entry::Kind::kSharded:
+          for (const auto& sh : e.shards()) add(sh.tensor, sh.offsets, e.global_shape());
+          break;
+        default:
+          s.values.emplace(key, e);
+      }
+    }
+  } catch (const std::exception& e) {
+    s.error = e.what();
+  }
+  return s;
+}
+
+std::string plan_of(const Staged& s) {
+  json j;
+  j["error"] = s.error;
+  j["items"] = json::array();
+  for (const auto& it : s.items)
+    j["items"].push_back({{"key", it.key}, {"dtype", it.dtype}, {"shape", it.shape},
+                          {"offsets", it.box.offsets}, {"sizes", it.box.sizes}});
+  j["values"] = json::array();
+  for (const auto& [key, e] : s.values) j["values"].push_back(key);
+  return j.dump();
+}
+
+struct PlannedChunk {
+  std::string key;
+  Box box;
+};
+
+// The same on every rank: computed from every rank's plan.
+struct GlobalPlan {
+  std::map<std::string, std::pair<std::string, std::vector<int64_t>>> tensors;  // dtype, shape
+  std::vector<std::vector<PlannedChunk>> writes;                                 // per rank
+  std::vector<SafetensorsLayout> layouts;
+};
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+GlobalPlan make_plan(const std::vector<std::string>& plans) {
+  const int n = static_cast<int>(plans.size());
+  std::vector<json> js;
+  for (const auto& p : plans) js.push_back(json::parse(p));
+  std::string errors;
+  for (int r = 0; r < n; ++r) {
+    const std::string e = without_prefix(js[r]["error"].get<std::string>());
+    if (!e.empty()) errors += (errors.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + e;
+  }
+  if (!errors.empty()) throw Error("checkpoint::save: " + errors);
+
+  GlobalPlan plan;
+  std::map<std::string, int> tensor_rank, value_rank;  // first rank that has the key, per kind
+  // key -> (offsets, sizes) -> ranks holding that box
+  std::map<std::string, std::map<std::pair<std::vector<int64_t>, std::vector<int64_t>>, std::vector<int>>> boxes;
+  for (int r = 0; r < n; ++r) {
+    for (const auto& key : js[r]["values"]) value_rank.emplace(key.get<std::string>(), r);
+    for (const auto& it : js[r]["items"]) {
+      const auto key = it["key"].get<std::string>();
+      const auto dtype = it["dtype"].get<std::string>();
+      const auto shape = it["shape"].get<std::vector<int64_t>>();
+      auto [pos, fresh] = plan.tensors.emplace(key, std::make_pair(dtype, shape));
+      tensor_rank.emplace(key, r);
+      if (!fresh && pos->second != std::make_pair(dtype, shape))
+        throw Error("checkpoint::save: tensor '" + key + "' is " + pos->second.first + " " +
+                    shape_str(pos->second.second) + " on rank " + std::to_string(tensor_rank[key]) + " but " +
+                    dtype + " " + shape_str(shape) + " on rank " + std::to_string(r));
+      boxes[key][{it["offsets"].get<std::vector<int64_t>>(), it["sizes"].get<std::vector<int64_t>>()}].push_back(r);
+    }
+  }
+  for (const auto& [key, r] : value_rank)
+    if (tensor_rank.count(key))
+      throw Error("checkpoint::save: '" + key + "' is a plain value on rank " + std::to_string(r) +
+                  " but a tensor on rank " + std::to_string(tensor_rank[key]));
+
+  // Each distinct box is written once (replicas deduplicated), by the holder with the fewest
+  // bytes so far: replicated tensors spread over the ranks.
+  std::vector<int64_t> load(n, 0);
+  plan.writes.resize(n);
+  for (const auto& [key, by_box] : boxes) {
+    const auto& [dtype, shape] = plan.tensors[key];
+    int64_t volume = 0;
+    std::vector<std::pair<Box, std::vector<int>>> list;
+    for (const auto& [b, ranks] : by_box) list.push_back({Box{b.first, b.second}, ranks});
+    for (size_t i = 0; i < list.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        Box common;
+        if (intersect(list[i].first, list[j].first, common))
+          throw Error("checkpoint::save: shards of tensor '" + key + "' overlap: offsets " +
+                      shape_str(list[j].first.offsets) + " sizes " + shape_str(list[j].first.sizes) + " (rank(s) " +
+                      rank_list(list[j].second) + ") and offsets " + shape_str(list[i].first.offsets) + " sizes " +
+                      shape_str(list[i].first.sizes) + " (rank(s) " + rank_list(list[i].second) + ")");
+      }
+      volume += numel(list[i].first.sizes);
+      const int64_t bytes = numel(list[i].first.sizes) * element_size(dtype);
+      int writer = list[i].second.front();
+      for (int r : list[i].second)
+        if (load[r] < load[writer]) writer = r;
+      load[writer] += bytes;
+      plan.writes[writer].push_back({key, list[i].first});
+    }
+    if (volume != numel(shape))
+      throw Error("checkpoint::save: the ranks' shards of tensor '" + key + "' cover " + std::to_string(volume) +
+                  " of the " + std::to_string(numel(shape)) + " elements of its global shape " + shape_str(shape));
+  }
+  for (int r = 0; r < n; ++r) {
+    std::vector<TensorSpec> specs;
+    for (const auto& c : plan.writes[r])
+      specs.push_back({chunk_name(c.key, c.box.offsets), plan.tensors[c.key].first, c.box.sizes});
+    plan.layouts.push_back(layout_safetensors(specs, {{"format", "pt"}, {"fsdpp.rank", std::to_string(r)}}));
+  }
+  return plan;
+}
+
+// Test hook: after every data file is durable and before the metadata is written, group rank
+// 0 creates the file this variable names and sleeps, so a test can kill it right there.
+void maybe_pause_before_metadata() {
+  const char* marker = std::getenv("FSDPP_CHECKPOINT_TEST_PAUSE_BEFORE_METADATA");
+  if (!marker || !*marker) return;
+  FILE* f = std::fopen(marker, "w");
+  if (f) std::fclose(f);
+  std::this_thread::sleep_for(std::chrono::minutes(10));
+}
+
+std::string normalize_dir(const std::string& dir) {
+  if (dir.empty()) throw Error("checkpoint::save: the directory name is empty");
+  std::string d = fs::path(dir).lexically_normal().string();
+  while (d.size() > 1 && d.back() == '/') d.pop_back();
+  return d;
+}
+
+// Rank 0: checks DIR may be replaced and creates the staging directory next to it.
+std::string make_staging(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    if (!fs::is_directory(dir, ec)) throw Error("checkpoint::save: " + dir + " exists and is not a directory");
+    const bool empty = fs::is_empty(dir, ec);
+    const bool checkpoint = fs::exists(fs::path(dir) / kMetadataFile, ec);
+    if (!empty && !checkpoint)
+      throw Error("checkpoint::save: " + dir + " exists and is not an fsdpp checkpoint; refusing to replace it");
+  }
+  const fs::path parent = fs::path(dir).parent_path();
+  if (!parent.empty()) {
+    fs::create_directories(parent, ec);
+    if (ec) throw Error("checkpoint::save: cannot create " + parent.string() + ": " + ec.message());
+  }
+  std::random_device rd;
+  char id[32];
+  std::snprintf(id, sizeof(id), "%d-%08x", static_cast<int>(::getpid()), rd());
+  const std::string staging = dir + ".tmp-" + id;
+  if (!fs::create_directory(staging, ec) || ec)
+    throw Error("checkpoint::save: cannot create " + staging + ": " + (ec ? ec.message() : "it exists"));
+  return staging;
+}
+
+// Rank 0: the staged directory becomes DIR in one step (renameat2 RENAME_EXCHANGE swaps it with
+// a previous checkpoint atomically); the previous checkpoint is removed only afterwards.
+void install(const std::string& staging, const std::string& dir) {
+  const std::string parent = fs::path(dir).parent_path().empty() ? "." : fs::path(dir).parent_path().string();
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) {
+    if (::rename(staging.c_str(), dir.c_str()) != 0)
+      throw Error("checkpoint::save: cannot rename " + staging + " to " + dir + ": " + std::strerror(errno));
+  } else if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fsync_dir(parent);
+    remove_tree(staging);  // now holds the previous checkpoint
+    return;
+  } else {
+    // No atomic exchange on this file system: move the old one aside first.
+    const std::string old = staging + ".old";
+    if (::rename(dir.c_str(), old.c_str()) != 0 || ::rename(staging.c_str(), dir.c_str()) != 0)
+      throw Error("checkpoint::save: cannot replace " + dir + " with " + staging + ": " + std::strerror(errno));
+    fsync_dir(parent);
+    remove_tree(old);
+    return;
+  }
+  fsync_dir(parent);
+}
+
+struct Job {
+  Comm comm;
+  std::string dir, staging;
+  GlobalPlan plan;
+  Staged staged;
+};
+
+// Writes this rank's data file; returns its chunks' checksums, or throws.
+std::vector<std::string> write_data(const Job& job) {
+  const int r = job.comm.rank;
+  const auto& writes = job.plan.writes[r];
+  std::vector<std::string> sums;
+  if (writes.empty()) return sums;
+  std::map<std::pair<std::string, std::vector<int64_t>>, const Item*> mine;
+  for (const auto& it : job.staged.items) mine[{it.key, it.box.offsets}] = &it;
+  const std::string path = job.staging + "/" + data_file_name(r);
+  File f = File::create(path);
+  const auto& layout = job.plan.layouts[r];
+  f.write_all(layout.prefix.data(), static_cast<int64_t>(layout.prefix.size()), "the safetensors header");
+  for (const auto& c : writes) {
+    const Item& it = *mine.at({c.key, c.box.offsets});
+    const auto bytes = static_cast<int64_t>(it.data.nbytes());
+    sums.push_back(xxh3_hex(it.data.data_ptr(), static_cast<size_t>(bytes)));
+    f.write_all(it.data.data_ptr(), bytes, "tensor '" + c.key + "'");
+  }
+  f.sync();
+  return sums;
+}
+
+Metadata build_metadata(const Job& job, const std::vector<std::vector<std::string>>& sums) {
+  Metadata m;
+  m.world_size = job.comm.size;
+  for (const auto& [key, t] : job.plan.tensors) {
+    EntryInfo& e = m.entries[key];
+    e.kind = Entry::Kind::kTensor;
+    e.dtype = t.first;
+    e.shape = t.second;
+  }
+  for (int r = 0; r < job.comm.size; ++r) {
+    const auto& writes = job.plan.writes[r];
+    if (writes.empty()) continue;
+    const std::string file = data_file_name(r);
+    m.files.push_back(file);
+    m.file_sizes[file] = job.plan.layouts[r].file_size;
+    for (size_t i = 0; i < writes.size(); ++i) {
+      ChunkInfo c;
+      c.offsets = writes[i].box.offsets;
+      c.sizes = writes[i].box.sizes;
+      c.file = file;
+      c.name = chunk_name(writes[i].key, c.offsets);
+      c.begin = job.plan.layouts[r].ranges[i].first;
+      c.end = job.plan.layouts[r].ranges[i].second;
+      c.xxh3_64 = sums[r].at(i);
+      m.entries[writes[i].key].chunks.push_back(std::move(c));
+    }
+  }
+  for (const auto& [key, v] : job.staged.values) {
+    EntryInfo& e = m.entries[key];
+    e.kind = v.kind();
+    e.value = v;
+  }
+  return m;
+}
+
+// Everything after the plan: data files, checksums, metadata, rename. Runs on the caller's
+// thread (save) or a background one (async_save, with its own process group).
+void write_and_commit(const Job& job) {
+  std::string result;
+  std::vector<std::string> sums;
+  try {
+    sums = write_data(job);
+  } catch (const std::exception& e) {
+    result = e.what();
+  }
+  const auto all = job.comm.all_gather(json({{"error", result}, {"sums", sums}}).dump());
+  std::string errors;
+  std::vector<std::vector<std::string>> all_sums;
+  for (int r = 0; r < job.comm.size; ++r) {
+    const json j = json::parse(all[r]);
+    const std::string e = without_prefix(j["error"].get<std::string>());
+    if (!e.empty()) errors += (errors.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + e;
+    all_sums.push_back(j["sums"].get<std::vector<std::string>>());
+  }
+  std::string outcome;
+  if (job.comm.rank == 0) {
+    if (!errors.empty()) {
+      remove_tree(job.staging);
+      outcome = "checkpoint::save to " + job.dir + " failed (the previous checkpoint there, if any, is untouched): " +
+                errors;
+    } else {
+      try {
+        maybe_pause_before_metadata();
+        write_file_atomically(job.staging, kMetadataFile, metadata_to_json(build_metadata(job, all_sums)));
+        install(job.staging, job.dir);
+      } catch (const std::exception& e) {
+        outcome = "checkpoint::save to " + job.dir + " failed: " + without_prefix(e.what());
+      }
+    }
+  }
+  job.comm.broadcast(outcome);
+  if (!outcome.empty()) throw Error(without_prefix(outcome));
+}
+
+// Plans a save collectively; throws on every rank alike when a rank's state is bad.
+Job prepare(const State& state, const std::string& dir, const SaveOptions& options, bool clone) {
+  Job job;
+  job.comm = Comm::from(options);
+  job.dir = normalize_dir(dir);
+  job.staged = stage(state, clone);
+  job.plan = make_plan(job.comm.all_gather(plan_of(job.staged)));
+  std::string staging;
+  if (job.comm.rank == 0) {
+    try {
+      staging = "+" + make_staging(job.dir);
+    } catch (const std::exception& e) {
+      staging = std::string("!") + e.what();
+    }
+  }
+  job.comm.broadcast(staging);
+  if (staging.empty() || staging[0] == '!') throw Error(without_prefix(staging.substr(std::min<size_t>(staging.size(), 1))));
+  job.staging = staging.substr(1);
+  return job;
+}
+
+// One save at a time per process: a save first waits for an async one still writing.
+std::mutex g_pending_mutex;
+std::shared_future<void> g_pending;
+
+void wait_for_pending() {
+  std::shared_future<void> pending;
+  {
+    std::lock_guard<std::mutex> lock(g_pending_mutex);
+    pending = g_pending;
+  }
+  if (pending.valid()) pending.wait();  // its error belongs to its own handle
+}
+
+}  // namespace
+
+void save(const State& state, const std::string& dir, const SaveOptions& options) {
+  wait_for_pending();
+  write_and_commit(prepare(state, dir, options, /*clone=*/false));
+}
+
+struct SaveHandle::Impl {
+  std::shared_future<void> future;
+};
+
+SaveHandle async_save(const State& state, const std::string& dir, const SaveOptions& options) {
+  wait_for_pending();
+  auto job = std::make_shared<Job>(prepare(state, dir, options, /*clone=*/true));
+  // The background writer talks on its own group, so its collectives never interleave with
+  // the ones training issues meanwhile.
+  if (!job->comm.alone) job->comm.group = job->comm.group.new_group(job->comm.group.ranks());
+  auto impl = std::make_shared<SaveHandle::Impl>();
+  impl->future = std::async(std::launch::async, [job]() mutable {
+                   write_and_commit(*job);
+                   job.reset();
+                 }).share();
+  std::lock_guard<std::mutex> lock(g_pending_mutex);
+  g_pending = impl->future;
+  return SaveHandle(impl);
+}
+
+void SaveHandle::wait() {
+  if (impl_) impl_->future.get();
+}
+
+bool SaveHandle::done() const {
+  return !impl_ || impl_->future.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+}  // namespace fsdpp::checkpoint
