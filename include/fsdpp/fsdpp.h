@@ -11,5 +11,7 @@
 #include <fsdpp/join.h>
 #include <fsdpp/memory.h>
 #include <fsdpp/process_group.h>
+#include <fsdpp/sharded_tensor.h>
+#include <fsdpp/state_dict.h>
 #include <fsdpp/work.h>
 #include <fsdpp/zero_redundancy_optimizer.h>

@@ -1,0 +1,457 @@
+// Model state dicts: FULL / SHARDED / LOCAL, the per-model state-dict type, and the
+// functional get_model_state_dict / set_model_state_dict.
+#include <fsdpp/state_dict.h>
+
+#include <algorithm>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <fsdpp/collectives.h>
+#include <fsdpp/error.h>
+
+#include "state_dict/fsdp_layout.h"
+
+namespace fsdpp {
+
+using detail::ModelEntry;
+using detail::ModelLayout;
+using detail::shape_str;
+
+// ---- the per-model state-dict type ---------------------------------------------------------
+
+namespace {
+
+struct Registered {
+  std::weak_ptr<torch::nn::Module> owner;  // empty for a module not owned by a shared_ptr
+  bool owned = false;
+  StateDictSettings settings;
+};
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<const torch::nn::Module*, Registered>& registry() {
+  static std::unordered_map<const torch::nn::Module*, Registered> r;
+  return r;
+}
+
+std::optional<StateDictSettings> lookup(const torch::nn::Module& m) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = registry().find(&m);
+  if (it == registry().end()) return std::nullopt;
+  // A module that died and whose address was reused must not inherit the settings.
+  if (it->second.owned && it->second.owner.expired()) {
+    registry().erase(it);
+    return std::nullopt;
+  }
+  return it->second.settings;
+}
+
+void store(torch::nn::Module& m, const std::optional<StateDictSettings>& settings) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  if (!settings) {
+    registry().erase(&m);
+    return;
+  }
+  auto weak = m.weak_from_this();
+  registry()[&m] = Registered{weak, !weak.expired(), *settings};
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> units_of(torch::nn::Module& model) {
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  for (const auto& m : model.modules(/*include_self=*/false))
+    if (dynamic_cast<FSDPModule*>(m.get())) out.push_back(m);
+  return out;
+}
+
+StateDictSettings checked_settings(StateDictType type, std::optional<StateDictConfig> config) {
+  const size_t expected = type == StateDictType::FULL_STATE_DICT      ? 0
+                          : type == StateDictType::SHARDED_STATE_DICT ? 1
+                                                                       : 2;
+  StateDictSettings s;
+  s.state_dict_type = type;
+  if (!config) {
+    s.state_dict_config = expected == 0   ? StateDictConfig(FullStateDictConfig())
+                          : expected == 1 ? StateDictConfig(ShardedStateDictConfig())
+                                          : StateDictConfig(LocalStateDictConfig());
+    return s;
+  }
+  if (config->index() != expected) {
+    const char* want = expected == 0 ? "FullStateDictConfig" : expected == 1 ? "ShardedStateDictConfig" : "LocalStateDictConfig";
+    throw Error(std::string("state_dict_type(") + to_string(type) + "): expected state_dict_config of type " + want +
+                " but got " + config_type_name(*config));
+  }
+  s.state_dict_config = *config;
+  return s;
+}
+
+}  // namespace
+
+StateDictSettings get_state_dict_type(const torch::nn::Module& model) {
+  if (auto s = lookup(model)) return *s;
+  for (const auto& m : model.modules(/*include_self=*/false))
+    if (dynamic_cast<FSDPModule*>(m.get()))
+      if (auto s = lookup(*m)) return *s;
+  return {};
+}
+
+StateDictSettings set_state_dict_type(torch::nn::Module& model, StateDictType type,
+                                      std::optional<StateDictConfig> config) {
+  StateDictSettings settings = checked_settings(type, std::move(config));
+  StateDictSettings previous = get_state_dict_type(model);
+  store(model, settings);
+  for (const auto& u : units_of(model)) store(*u, settings);
+  return previous;
+}
+
+StateDictTypeScope::StateDictTypeScope(torch::nn::Module& model, StateDictType type,
+                                       std::optional<StateDictConfig> config) {
+  StateDictSettings settings = checked_settings(type, std::move(config));  // throws before changing anything
+  std::vector<torch::nn::Module*> targets{&model};
+  for (const auto& u : units_of(model)) targets.push_back(u.get());
+  for (auto* m : targets) {
+    previous_.emplace_back(m->weak_from_this(), lookup(*m));
+    store(*m, settings);
+  }
+}
+
+StateDictTypeScope::~StateDictTypeScope() {
+  for (auto& [weak, settings] : previous_)
+    if (auto m = weak.lock()) store(*m, settings);
+}
+
+StateDictTypeScope state_dict_type(torch::nn::Module& model, StateDictType type, std::optional<StateDictConfig> config) {
+  return StateDictTypeScope(model, type, std::move(config));
+}
+
+// ---- producing state dicts ------------------------------------------------------------------
+
+namespace {
+
+int global_rank() {
+  try {
+    return default_group().rank();
+  } catch (const Error&) {
+    return 0;  // no process group: a single process
+  }
+}
+
+at::Tensor offloaded(const at::Tensor& t, bool offload) {
+  return offload ? t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/false) : t;
+}
+
+// The LOCAL value of a unit: its parameters flattened and concatenated (global size: their total
+// numel), of which this rank holds each parameter's rows as one shard.
+ShardedTensor local_flat_param(const detail::UnitEntry& u, bool offload) {
+  const auto& g = u.group();
+  const int rank = g.process_group().rank(), n = g.process_group().size();
+  std::vector<ShardMetadata> all;
+  std::vector<Shard> mine;
+  int64_t flat_offset = 0;
+  for (const auto& p : g.fsdp_params()) {
+    for (int r = 0; r < n; ++r) {
+      const int64_t rows = p.rows_of(r);
+      if (rows == 0) continue;
+      ShardMetadata m{{flat_offset + p.row_offset(r) * p.row_numel()}, {rows * p.row_numel()}, r};
+      if (r == rank) mine.push_back({offloaded(p.sharded_view().detach().reshape({-1}).clone(), offload), m});
+      all.push_back(std::move(m));
+    }
+    flat_offset += p.numel();
+  }
+  return ShardedTensor::from_local_shards_and_global_metadata(std::move(mine), {flat_offset},
+                                                              g.fsdp_params().front().param().scalar_type(),
+                                                              std::move(all), g.process_group());
+}
+
+StateDict produce(torch::nn::Module& model, StateDictType type, bool offload, bool rank0_only) {
+  at::NoGradGuard no_grad;
+  ModelLayout layout = detail::collect_layout(model);
+  StateDict sd;
+  // Without FSDP units every entry is whole: the dict is a FULL one whatever was asked.
+  sd.type = layout.units.empty() ? StateDictType::FULL_STATE_DICT : type;
+  if (type == StateDictType::FULL_STATE_DICT) {
+    auto full = detail::gather_full_params(layout);  // every rank takes part, rank0_only or not
+    if (rank0_only && global_rank() != 0) {
+      StateDict empty;
+      empty.type = type;
+      empty.rank0_only_placeholder = true;
+      return empty;
+    }
+    for (const auto& e : layout.entries)
+      sd.insert(e.key, offloaded(e.fsdp_param ? full.at(e.fsdp_param) : e.tensor.detach().clone(), offload));
+    return sd;
+  }
+  size_t next_unit = 0;
+  for (size_t i = 0; i <= layout.entries.size(); ++i) {
+    if (type == StateDictType::LOCAL_STATE_DICT)
+      for (; next_unit < layout.units.size() && layout.units[next_unit].first_entry == i; ++next_unit)
+        sd.insert(layout.units[next_unit].flat_key, local_flat_param(layout.units[next_unit], offload));
+    if (i == layout.entries.size()) break;
+    const ModelEntry& e = layout.entries[i];
+    if (!e.fsdp_param) {
+      sd.insert(e.key, offloaded(e.tensor.detach().clone(), offload));
+    } else if (type == StateDictType::SHARDED_STATE_DICT) {
+      const auto& group = e.unit->fsdp_state()->param_group()->process_group();
+      ShardedTensor st = detail::to_sharded(*e.fsdp_param, e.fsdp_param->sharded_view(), group, /*copy=*/true);
+      sd.insert(e.key, offload ? st.cpu() : st);
+    }
+  }
+  return sd;
+}
+
+}  // namespace
+
+StateDict state_dict(torch::nn::Module& model) {
+  const StateDictSettings s = get_state_dict_type(model);
+  return std::visit(
+      [&](const auto& config) {
+        using C = std::decay_t<decltype(config)>;
+        bool rank0_only = false;
+        if constexpr (std::is_same_v<C, FullStateDictConfig>) rank0_only = config.rank0_only_;
+        return produce(model, s.state_dict_type, config.offload_to_cpu_, rank0_only);
+      },
+      s.state_dict_config);
+}
+
+StateDict get_model_state_dict(torch::nn::Module& model, const StateDictOptions& options) {
+  if (options.full_state_dict_)
+    return produce(model, StateDictType::FULL_STATE_DICT, options.cpu_offload_, /*rank0_only=*/options.cpu_offload_);
+  return produce(model, StateDictType::SHARDED_STATE_DICT, options.cpu_offload_, false);
+}
+
+// ---- loading --------------------------------------------------------------------------------
+
+namespace {
+
+std::string join(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const auto& k : keys) out += (out.empty() ? "'" : ", '") + k + "'";
+  return out;
+}
+
+void check_shape(const std::string& api, const std::string& key, const std::vector<int64_t>& given,
+                 const std::vector<int64_t>& expected) {
+  if (given != expected)
+    throw Error(api + ": size mismatch for '" + key + "': copying a param with shape " + shape_str(given) +
+                " from the state dict, the shape in the current model is " + shape_str(expected));
+}
+
+// One write of the load, prepared before anything is written.
+struct Write {
+  at::Tensor dst;
+  std::function<at::Tensor()> src;  // may communicate (redistribution); called in module order
+};
+
+IncompatibleKeys load(torch::nn::Module& model, const StateDict& sd, std::optional<StateDictType> expected, bool strict,
+                      const std::string& api) {
+  if (sd.rank0_only_placeholder)
+    throw Error(api + ": rank " + std::to_string(global_rank()) +
+                " was given the empty state dict that a FULL state dict with rank0_only gives ranks other than 0; "
+                "load rank 0's dict on every rank, or use set_model_state_dict with broadcast_from_rank0");
+  if (expected && sd.type && *sd.type != *expected)
+    throw Error(api + ": the state dict is a " + to_string(*sd.type) + " but the model's state_dict_type is " +
+                to_string(*expected));
+  ModelLayout layout = detail::collect_layout(model);
+  const bool local = expected == StateDictType::LOCAL_STATE_DICT;
+
+  // Expected keys, in module order.
+  std::vector<std::string> model_keys;
+  std::unordered_set<std::string> model_key_set, fsdp_param_keys;
+  for (const auto& u : layout.units)
+    if (local) model_keys.push_back(u.flat_key);
+  for (const auto& e : layout.entries) {
+    if (e.fsdp_param) fsdp_param_keys.insert(e.key);
+    if (!(local && e.fsdp_param)) model_keys.push_back(e.key);
+  }
+  model_key_set.insert(model_keys.begin(), model_keys.end());
+  IncompatibleKeys result;
+  for (const auto& k : model_keys)
+    if (!sd.contains(k)) result.missing_keys.push_back(k);
+  for (const auto& [k, v] : sd)
+    if (!model_key_set.count(k)) result.unexpected_keys.push_back(k);
+  if (local) {
+    for (const auto& k : result.unexpected_keys)
+      if (fsdp_param_keys.count(k))
+        throw Error(api + ": the model's state_dict_type is LOCAL_STATE_DICT, which holds one '<unit>._flat_param' per "
+                    "FSDP unit, but the state dict holds the parameter '" + k + "' (a FULL or SHARDED state dict?)");
+  } else {
+    for (const auto& k : result.unexpected_keys)
+      if (k.size() >= 11 && k.compare(k.size() - 11, 11, "_flat_param") == 0)
+        throw Error(api + ": the state dict holds '" + k + "', a LOCAL_STATE_DICT flat parameter, but the model's "
+                    "state_dict_type is " + (expected ? to_string(*expected) : std::string("FULL or SHARDED")));
+  }
+  if (strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty())) {
+    std::string msg = api + ": error(s) in loading the state dict:";
+    if (!result.unexpected_keys.empty()) msg += " unexpected key(s) in state_dict: " + join(result.unexpected_keys) + ".";
+    if (!result.missing_keys.empty()) msg += " missing key(s) in state_dict: " + join(result.missing_keys) + ".";
+    throw Error(msg);
+  }
+
+  // Check every present entry and plan its write.
+  std::vector<Write> writes;
+  for (const auto& e : layout.entries) {
+    if (local && e.fsdp_param) continue;
+    const StateDictValue* v = sd.find(e.key);
+    if (!v) continue;
+    if (!e.fsdp_param) {
+      if (!v->is_tensor())
+        throw Error(api + ": '" + e.key + "' is a ShardedTensor but the model holds it whole (not sharded by FSDP)");
+      check_shape(api, e.key, v->tensor().sizes().vec(), e.tensor.sizes().vec());
+      at::Tensor src = v->tensor();
+      writes.push_back({e.tensor, [src] { return src; }});
+      continue;
+    }
+    const detail::FSDPParam& p = *e.fsdp_param;
+    const ProcessGroup& group = e.unit->fsdp_state()->param_group()->process_group();
+    check_shape(api, e.key, v->sizes(), p.unsharded_size());
+    if (v->is_tensor()) {
+      if (expected == StateDictType::SHARDED_STATE_DICT)
+        throw Error(api + ": '" + e.key + "' is a whole tensor but the model's state_dict_type is SHARDED_STATE_DICT, "
+                    "which loads a ShardedTensor per parameter (a FULL state dict? load it under FULL_STATE_DICT)");
+      at::Tensor src = v->tensor();
+      const int rank = group.rank(), n = group.size();
+      writes.push_back({p.param(), [&p, src, rank, n] { return detail::rows_of_full(p, src, rank, n); }});
+    } else {
+      if (expected == StateDictType::FULL_STATE_DICT)
+        throw Error(api + ": '" + e.key + "' is a ShardedTensor but the model's state_dict_type is FULL_STATE_DICT, "
+                    "which loads whole tensors (a SHARDED state dict? load it under SHARDED_STATE_DICT)");
+      ShardedTensor st = v->sharded_tensor();
+      writes.push_back({p.param(), [&p, st, group] { return detail::local_rows_from(st, p, group); }});
+    }
+  }
+  if (local) {
+    for (const auto& u : layout.units) {
+      const StateDictValue* v = sd.find(u.flat_key);
+      if (!v) continue;
+      const auto& g = u.group();
+      int64_t total = 0;
+      for (const auto& p : g.fsdp_params()) total += p.numel();
+      if (!v->is_sharded())
+        throw Error(api + ": '" + u.flat_key + "' is a whole tensor; LOCAL_STATE_DICT loads a ShardedTensor per unit");
+      check_shape(api, u.flat_key, v->sizes(), {total});
+      const ShardedTensor st = v->sharded_tensor();
+      const ProcessGroup& group = g.process_group();
+      const int rank = group.rank(), n = group.size();
+      // The flat layout of this model: each parameter's rows per rank, at its offset.
+      std::vector<ShardMetadata> expected_shards;
+      int64_t flat_offset = 0;
+      for (const auto& p : g.fsdp_params()) {
+        for (int r = 0; r < n; ++r)
+          if (p.rows_of(r) > 0)
+            expected_shards.push_back({{flat_offset + p.row_offset(r) * p.row_numel()}, {p.rows_of(r) * p.row_numel()}, r});
+        flat_offset += p.numel();
+      }
+      if (detail::matches_row_layout(st, expected_shards, n)) {
+        flat_offset = 0;
+        for (const auto& p : g.fsdp_params()) {
+          if (p.rows_of(rank) > 0) {
+            ShardMetadata m{{flat_offset + p.row_offset(rank) * p.row_numel()}, {p.rows_of(rank) * p.row_numel()}, rank};
+            at::Tensor src = detail::local_shard_with(st, m).reshape(detail::sharded_size_of(p, rank));
+            writes.push_back({p.param(), [src] { return src; }});
+          }
+          flat_offset += p.numel();
+        }
+      } else {
+        // Sharded another way (another world size): gather the flat value once, then slice.
+        if (!st.process_group().is_member())
+          throw Error(api + ": '" + u.flat_key + "' is sharded differently from the model and this rank is not a "
+                      "member of its process group " + st.process_group().name());
+        auto full = std::make_shared<at::Tensor>();
+        flat_offset = 0;
+        bool first = true;
+        for (const auto& p : g.fsdp_params()) {
+          const int64_t off = flat_offset;
+          writes.push_back({p.param(), [&p, st, full, off, rank, n, first] {
+                              if (first) *full = st.full_tensor();
+                              return detail::rows_of_full(p, full->narrow(0, off, p.numel()), rank, n);
+                            }});
+          first = false;
+          flat_offset += p.numel();
+        }
+      }
+    }
+  }
+
+  // Resolve every source (collectives, in module order on every rank), then write.
+  std::vector<at::Tensor> sources;
+  sources.reserve(writes.size());
+  {
+    at::NoGradGuard no_grad;
+    for (auto& w : writes) {
+      at::Tensor s = w.src();
+      sources.push_back(std::move(s));
+    }
+  }
+  // Units gathered (the root after forward) go back to shards: the shards are what we write.
+  for (const auto& u : layout.units) u.unit->reshard();
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < writes.size(); ++i) {
+    at::Tensor dst = writes[i].dst.detach();
+    if (dst.sizes() != sources[i].sizes())
+      throw Error(api + ": internal: shard of shape " + shape_str(sources[i].sizes()) + " for a tensor of shape " +
+                  shape_str(dst.sizes()));
+    dst.copy_(sources[i]);
+  }
+  return result;
+}
+
+// Rank 0's FULL dict on every rank of the default group: keys, dtypes and shapes first, then
+// one broadcast per tensor.
+StateDict broadcast_full_from_rank0(const StateDict& sd, const std::string& api) {
+  ProcessGroup world = default_group();
+  const int rank = world.rank();
+  std::string meta;
+  if (rank == 0) {
+    std::ostringstream out;
+    for (const auto& [key, value] : sd) {
+      if (!value.is_tensor())
+        throw Error(api + ": broadcast_from_rank0 needs whole tensors; '" + key + "' is a ShardedTensor");
+      out << key << '\t' << static_cast<int>(value.dtype());
+      for (int64_t s : value.tensor().sizes()) out << '\t' << s;
+      out << '\n';
+    }
+    meta = out.str();
+  }
+  broadcast_bytes(meta, world.global_rank(0), world);
+  StateDict out;
+  out.type = StateDictType::FULL_STATE_DICT;
+  std::istringstream in(meta);
+  std::string line;
+  at::NoGradGuard no_grad;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string key, field;
+    std::getline(fields, key, '\t');
+    std::getline(fields, field, '\t');
+    const auto dtype = static_cast<at::ScalarType>(std::stoi(field));
+    std::vector<int64_t> shape;
+    while (std::getline(fields, field, '\t')) shape.push_back(std::stoll(field));
+    at::Tensor t = rank == 0 ? sd.at(key).tensor().detach().contiguous() : at::empty(shape, at::TensorOptions().dtype(dtype));
+    broadcast(t, world.global_rank(0), world);
+    out.insert(key, t);
+  }
+  return out;
+}
+
+}  // namespace
+
+IncompatibleKeys load_state_dict(torch::nn::Module& model, const StateDict& sd, bool strict) {
+  return load(model, sd, get_state_dict_type(model).state_dict_type, strict, "load_state_dict");
+}
+
+IncompatibleKeys set_model_state_dict(torch::nn::Module& model, const StateDict& sd, const StateDictOptions& options) {
+  if (options.broadcast_from_rank0_) {
+    StateDict full = broadcast_full_from_rank0(sd, "set_model_state_dict");
+    return load(model, full, std::nullopt, options.strict_, "set_model_state_dict");
+  }
+  return load(model, sd, std::nullopt, options.strict_, "set_model_state_dict");
+}
+
+}  // namespace fsdpp

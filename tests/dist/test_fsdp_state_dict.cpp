@@ -1,0 +1,592 @@
+// Model state dicts of FSDP models at world sizes 1-4, ported from seed 000 (PyTorch's
+// test_fsdp_state_dict.py, FSDP1) and seed 002 (test_fully_shard_model_checkpoint.py). The
+// reference is the plain (unwrapped) model built from the same seed and trained single-process
+// on the whole global batch; each FSDP rank trains on its slice with a mean loss.
+//
+// Tolerance: values that are only copied (state dicts, loads) must be equal bitwise; trained
+// values are compared with rtol 1.3e-6, atol 1e-5 (torch.testing's float32 defaults): FSDP sums
+// the gradient in another order than the single process.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <functional>
+#include <unordered_set>
+
+#include <torch/torch.h>
+
+#include <fsdpp/collectives.h>
+#include <fsdpp/error.h>
+#include <fsdpp/fully_shard.h>
+#include <fsdpp/sharded_tensor.h>
+#include <fsdpp/state_dict.h>
+
+#include "dist/world_sizes.h"
+#include "harness/error_of.h"
+#include "harness/multi_process.h"
+
+namespace fsdpp {
+namespace {
+
+using testing::error_of;
+using testing::RankContext;
+using testing::run_ranks;
+using torch::nn::Linear;
+using torch::nn::ReLU;
+using torch::nn::Sequential;
+using FSDPLinear = FullyShardedDataParallel<torch::nn::LinearImpl>;
+using FSDPSequential = FullyShardedDataParallel<torch::nn::SequentialImpl>;
+
+constexpr double kRtol = 1.3e-6;
+constexpr double kAtol = 1e-5;
+constexpr int64_t kGlobalBatch = 12;  // divisible by every world size tested
+
+// A module with a (persistent) buffer: x * scale.
+struct ScaleImpl : torch::nn::Module {
+  explicit ScaleImpl(int64_t n) { scale = register_buffer("scale", torch::arange(n).to(at::kFloat) * 0.1 + 1); }
+  at::Tensor forward(at::Tensor x) { return x * scale; }
+  at::Tensor scale;
+};
+TORCH_MODULE(Scale);
+
+enum class Wrap { kNone, kNested, kRootOnly, kSubmodules };
+const char* name_of(Wrap w) {
+  switch (w) {
+    case Wrap::kNone: return "plain";
+    case Wrap::kNested: return "nested";
+    case Wrap::kRootOnly: return "root only";
+    default: return "submodules";
+  }
+}
+
+// Linear(7, 15), ReLU, Scale(15), Linear(15, 15), ReLU, Linear(15, 3): keys 0.*, 2.scale, 3.*, 5.*.
+// kNested: the two first Linears are inner units and the root shards the last one; kRootOnly:
+// one unit; kSubmodules: a plain root holding two units and a plain Linear.
+struct Net {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<at::Tensor(at::Tensor)> forward;
+};
+
+Net make_net(Wrap wrap, const FullyShardOptions& o = {}) {
+  torch::manual_seed(0);
+  Linear l1(7, 15), l2(15, 15), l3(15, 3);
+  Scale scale(15);
+  if (wrap == Wrap::kNone || wrap == Wrap::kRootOnly) {
+    Sequential s(l1, ReLU(), scale, l2, ReLU(), l3);
+    if (wrap == Wrap::kNone) return {s.ptr(), [s](at::Tensor x) mutable { return s->forward(x); }};
+    FSDPSequential root(s, o);
+    return {root.ptr(), [root](at::Tensor x) mutable { return root->forward(x); }};
+  }
+  Sequential s(FSDPLinear(l1, o), ReLU(), scale, FSDPLinear(l2, o), ReLU(), l3);
+  if (wrap == Wrap::kSubmodules) return {s.ptr(), [s](at::Tensor x) mutable { return s->forward(x); }};
+  FSDPSequential root(s, o);
+  return {root.ptr(), [root](at::Tensor x) mutable { return root->forward(x); }};
+}
+
+const std::vector<std::string> kNetKeys{"0.weight", "0.bias", "2.scale", "3.weight", "3.bias", "5.weight", "5.bias"};
+
+std::vector<FSDPModule*> fsdp_units(torch::nn::Module& model) {
+  std::vector<FSDPModule*> units;
+  for (const auto& m : model.modules())
+    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) units.push_back(f);
+  return units;
+}
+
+// The model's full parameters (gathered by the engine, not by the state dict) and buffers.
+std::vector<at::Tensor> full_values(torch::nn::Module& model) {
+  auto units = fsdp_units(model);
+  for (auto* u : units) u->unshard();
+  std::vector<at::Tensor> out;
+  for (const auto& p : model.parameters()) out.push_back(p.detach().clone());
+  for (const auto& b : model.buffers()) out.push_back(b.detach().clone());
+  for (auto* u : units) u->reshard();
+  return out;
+}
+
+void zero_model(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.parameters()) p.zero_();
+  for (auto& b : model.buffers()) b.zero_();
+}
+
+// `steps` SGD steps on the global batch (this rank's slice of it). Parameters no unit shards
+// (a plain root's) have their gradients averaged over the world, as DDP would.
+void train(Net& net, int steps, int rank, int n) {
+  torch::optim::SGD opt(net.module->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  std::unordered_set<const c10::TensorImpl*> sharded;
+  for (auto* u : fsdp_units(*net.module))
+    for (const auto& p : u->parameters()) sharded.insert(p.unsafeGetTensorImpl());
+  const int64_t local = kGlobalBatch / n;
+  for (int step = 0; step < steps; ++step) {
+    opt.zero_grad();
+    torch::manual_seed(1000 + step);
+    at::Tensor x = torch::randn({kGlobalBatch, 7}), y = torch::randn({kGlobalBatch, 3});
+    at::Tensor loss = (net.forward(x.narrow(0, rank * local, local)) - y.narrow(0, rank * local, local)).pow(2).mean();
+    loss.backward();
+    if (n > 1)
+      for (auto& p : net.module->parameters())
+        if (!sharded.count(p.unsafeGetTensorImpl()) && p.grad().defined()) all_reduce(p.mutable_grad(), ReduceOp::AVG);
+    opt.step();
+  }
+}
+
+void expect_close(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
+  ASSERT_TRUE(actual.defined()) << what << ": undefined";
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  EXPECT_TRUE(at::allclose(actual, expected, kRtol, kAtol))
+      << what << ": max abs diff " << (actual - expected).abs().max().item<double>();
+}
+
+void expect_equal_values(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].sizes(), b[i].sizes()) << what << " #" << i;
+    EXPECT_TRUE(at::equal(a[i], b[i])) << what << " #" << i;
+  }
+}
+
+// A FULL state dict against the plain model's parameters and buffers, key by key, in order.
+void expect_full_sd_equals_plain(const StateDict& sd, torch::nn::Module& plain, const std::string& what,
+                                 bool exact = false) {
+  std::vector<std::pair<std::string, at::Tensor>> expected;
+  ASSERT_EQ(sd.keys(), kNetKeys) << what;
+  auto params = plain.named_parameters();
+  auto buffers = plain.named_buffers();
+  for (const auto& key : kNetKeys) {
+    const at::Tensor* t = params.find(key);
+    if (!t) t = buffers.find(key);
+    ASSERT_TRUE(t) << key;
+    const StateDictValue& v = sd.at(key);
+    ASSERT_TRUE(v.is_tensor()) << what << " " << key;
+    if (exact)
+      EXPECT_TRUE(at::equal(v.tensor(), *t)) << what << " " << key;
+    else
+      expect_close(v.tensor(), t->detach(), what + " " + key);
+  }
+}
+
+const std::vector<StateDictType> kAllTypes{StateDictType::FULL_STATE_DICT, StateDictType::SHARDED_STATE_DICT,
+                                           StateDictType::LOCAL_STATE_DICT};
+
+class FSDPStateDict : public testing::WorldSizeTest {};
+
+// Seed 000 test_state_dict_save_load_flow / seed 002 test_state_dict_save_load_flow: train,
+// take the state dict, zero the model, load, and the model equals the trained one; its FULL
+// state dict equals the reference trained single-process.
+TEST_P(FSDPStateDict, StateDictSaveLoadFlow) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    Net ref = make_net(Wrap::kNone);
+    train(ref, 3, 0, 1);
+    for (Wrap wrap : {Wrap::kNested, Wrap::kRootOnly, Wrap::kSubmodules})
+      for (StateDictType type : kAllTypes) {
+        const std::string what = std::string(name_of(wrap)) + " " + to_string(type);
+        Net net = make_net(wrap);
+        train(net, 3, ctx.rank, ctx.world_size);
+        auto trained = full_values(*net.module);
+        StateDict sd;
+        {
+          auto scope = state_dict_type(*net.module, type);
+          sd = state_dict(*net.module);
+          EXPECT_EQ(sd.type, type);
+          zero_model(*net.module);
+          auto result = load_state_dict(*net.module, sd);
+          EXPECT_TRUE(result.missing_keys.empty() && result.unexpected_keys.empty());
+        }
+        expect_equal_values(full_values(*net.module), trained, what + " reloaded");
+        auto full = get_model_state_dict(*net.module, StateDictOptions().full_state_dict(true));
+        expect_full_sd_equals_plain(full, *ref.module, what + " vs reference");
+        if (::testing::Test::HasFailure()) return;
+      }
+  });
+}
+
+// Seed 000 test_fsdp_state_dict_keys: keys are the plain model's, no wrapper prefix.
+TEST_P(FSDPStateDict, FsdpStateDictKeys) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    Net net = make_net(Wrap::kNested);
+    for (StateDictType type : {StateDictType::FULL_STATE_DICT, StateDictType::SHARDED_STATE_DICT}) {
+      set_state_dict_type(*net.module, type);
+      StateDict sd = state_dict(*net.module);
+      EXPECT_EQ(sd.keys(), kNetKeys) << to_string(type);
+      if (type == StateDictType::SHARDED_STATE_DICT) {
+        // Parameters sharded by FSDP are ShardedTensors holding this rank's rows; the buffer is whole.
+        const ShardedTensor& w = sd.at("3.weight").sharded_tensor();
+        EXPECT_EQ(w.size(), (std::vector<int64_t>{15, 15}));
+        const int64_t chunk = (15 + ctx.world_size - 1) / ctx.world_size;
+        const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(chunk, 15 - ctx.rank * chunk));
+        if (rows > 0) {
+          ASSERT_EQ(w.local_shards().size(), 1u);
+          EXPECT_EQ(w.local_shards()[0].metadata.shard_offsets, (std::vector<int64_t>{ctx.rank * chunk, 0}));
+          EXPECT_EQ(w.local_shards()[0].tensor.sizes(), (std::vector<int64_t>{rows, 15}));
+        } else {
+          EXPECT_TRUE(w.local_shards().empty());
+        }
+        EXPECT_TRUE(sd.at("2.scale").is_tensor());
+      }
+    }
+    set_state_dict_type(*net.module, StateDictType::LOCAL_STATE_DICT);
+    EXPECT_EQ(state_dict(*net.module).keys(),
+              (std::vector<std::string>{"_flat_param", "0._flat_param", "2.scale", "3._flat_param"}));
+    Net sub = make_net(Wrap::kSubmodules);
+    set_state_dict_type(*sub.module, StateDictType::LOCAL_STATE_DICT);
+    EXPECT_EQ(state_dict(*sub.module).keys(),
+              (std::vector<std::string>{"0._flat_param", "2.scale", "3._flat_param", "5.weight", "5.bias"}));
+  });
+}
+
+// Seed 000 test_state_dict_load_into_local_module and test_basic_save_and_load_state_dict:
+// a FULL state dict (also rank0_only + offload) loads into the plain model, and the plain
+// model's state dict loads into the FSDP model.
+TEST_P(FSDPStateDict, StateDictLoadIntoLocalModule) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    for (bool rank0_only_and_offload : {false, true}) {
+      Net net = make_net(Wrap::kNested);
+      train(net, 2, ctx.rank, ctx.world_size);
+      const auto trained = full_values(*net.module);
+      auto scope = state_dict_type(*net.module, StateDictType::FULL_STATE_DICT,
+                                   FullStateDictConfig().rank0_only(rank0_only_and_offload).offload_to_cpu(rank0_only_and_offload));
+      StateDict sd = state_dict(*net.module);
+      if (rank0_only_and_offload && ctx.rank != 0) {
+        EXPECT_TRUE(sd.empty());
+        EXPECT_TRUE(sd.rank0_only_placeholder);
+        continue;
+      }
+      Net blank = make_net(Wrap::kNone);
+      zero_model(*blank.module);
+      load_state_dict(*blank.module, sd);
+      expect_equal_values(full_values(*blank.module), trained, "plain model loaded");
+    }
+    // The plain model's state dict into the FSDP model.
+    Net plain = make_net(Wrap::kNone);
+    train(plain, 2, 0, 1);
+    StateDict plain_sd = get_model_state_dict(*plain.module);
+    for (Wrap wrap : {Wrap::kNested, Wrap::kRootOnly, Wrap::kSubmodules}) {
+      Net net = make_net(wrap);
+      zero_model(*net.module);
+      auto scope = state_dict_type(*net.module, StateDictType::FULL_STATE_DICT);
+      load_state_dict(*net.module, plain_sd);
+      expect_equal_values(full_values(*net.module), full_values(*plain.module), name_of(wrap));
+    }
+  });
+}
+
+// Seed 002 test_state_dict_save_load_root_fully_shard / _submodule_fully_shard: the FULL
+// state dict of a sharded model equals the plain model's; it reloads into a zeroed sharded model.
+TEST_P(FSDPStateDict, StateDictSaveLoadRootAndSubmoduleFullyShard) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    Net plain = make_net(Wrap::kNone);
+    for (Wrap wrap : {Wrap::kRootOnly, Wrap::kSubmodules}) {
+      Net net = make_net(wrap);
+      StateDict sd = get_model_state_dict(*net.module, StateDictOptions().full_state_dict(true));
+      expect_full_sd_equals_plain(sd, *plain.module, name_of(wrap), /*exact=*/true);
+      Net fresh = make_net(wrap);
+      zero_model(*fresh.module);
+      set_model_state_dict(*fresh.module, sd);
+      expect_equal_values(full_values(*fresh.module), full_values(*plain.module), name_of(wrap));
+    }
+  });
+}
+
+// Seed 000 test_save_and_load_after_forward_state_dict: after a forward the root keeps its
+// parameters gathered; the state dict still reads them right and a load still lands.
+TEST_P(FSDPStateDict, SaveAndLoadAfterForwardStateDict) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    for (StateDictType type : kAllTypes) {
+      Net net = make_net(Wrap::kNested);
+      train(net, 1, ctx.rank, ctx.world_size);
+      auto before = full_values(*net.module);
+      torch::manual_seed(7);
+      torch::NoGradGuard no_grad;
+      net.forward(torch::randn({4, 7}));  // the root is now unsharded
+      auto scope = state_dict_type(*net.module, type);
+      StateDict sd = state_dict(*net.module);
+      {
+        torch::AutoGradMode enable(true);
+        train(net, 2, ctx.rank, ctx.world_size);
+      }
+      net.forward(torch::randn({4, 7}));
+      load_state_dict(*net.module, sd);
+      expect_equal_values(full_values(*net.module), before, to_string(type));
+      // Training goes on after the load.
+      torch::AutoGradMode enable(true);
+      train(net, 1, ctx.rank, ctx.world_size);
+    }
+  });
+}
+
+// Seed 000 test_wrong_state_dict_config and test_state_dict_type.
+TEST_P(FSDPStateDict, WrongStateDictConfigAndStateDictType) {
+  run_ranks(GetParam(), [](RankContext&) {
+    Net net = make_net(Wrap::kNested);
+    EXPECT_NE(error_of([&] { auto s = state_dict_type(*net.module, StateDictType::FULL_STATE_DICT, LocalStateDictConfig()); })
+                  .find("expected state_dict_config of type FullStateDictConfig but got LocalStateDictConfig"),
+              std::string::npos);
+    EXPECT_EQ(get_state_dict_type(*net.module).state_dict_type, StateDictType::FULL_STATE_DICT);
+    {
+      auto scope = state_dict_type(*net.module, StateDictType::LOCAL_STATE_DICT);
+      for (auto* u : fsdp_units(*net.module)) EXPECT_EQ(get_state_dict_type(*u).state_dict_type, StateDictType::LOCAL_STATE_DICT);
+      {
+        auto inner = state_dict_type(*net.module, StateDictType::SHARDED_STATE_DICT, ShardedStateDictConfig());
+        EXPECT_EQ(get_state_dict_type(*net.module).state_dict_type, StateDictType::SHARDED_STATE_DICT);
+      }
+      EXPECT_EQ(get_state_dict_type(*net.module).state_dict_type, StateDictType::LOCAL_STATE_DICT);
+    }
+    for (auto* u : fsdp_units(*net.module)) EXPECT_EQ(get_state_dict_type(*u).state_dict_type, StateDictType::FULL_STATE_DICT);
+    StateDictSettings previous = set_state_dict_type(*net.module, StateDictType::SHARDED_STATE_DICT);
+    EXPECT_EQ(previous.state_dict_type, StateDictType::FULL_STATE_DICT);
+    EXPECT_EQ(set_state_dict_type(*net.module, StateDictType::FULL_STATE_DICT).state_dict_type,
+              StateDictType::SHARDED_STATE_DICT);
+  });
+}
+
+// Seed 000 test_local_state_dict_with_empty_ranks: a one-element parameter (ranks > 0 hold none).
+struct OneParamImpl : torch::nn::Module {
+  OneParamImpl() { my_parameter = register_parameter("my_parameter", torch::full({1}, 3.1415926)); }
+  at::Tensor forward(at::Tensor x) { return my_parameter * x.sum(); }
+  at::Tensor my_parameter;
+};
+TORCH_MODULE(OneParam);
+
+TEST_P(FSDPStateDict, LocalStateDictWithEmptyRanks) {
+  run_ranks(GetParam(), [](RankContext&) {
+    FullyShardedDataParallel<OneParamImpl> model(OneParam{});
+    model->forward(torch::ones({2})).sum().backward();
+    auto scope = state_dict_type(*model, StateDictType::LOCAL_STATE_DICT);
+    StateDict sd = state_dict(*model);
+    ASSERT_EQ(sd.keys(), std::vector<std::string>{"_flat_param"});
+    EXPECT_EQ(sd.at("_flat_param").sharded_tensor().size(), std::vector<int64_t>{1});
+    model->unshard();
+    EXPECT_FLOAT_EQ(model->module()->my_parameter.item<float>(), 3.1415926f);
+    model->reshard();
+    zero_model(*model);
+    model->unshard();
+    EXPECT_FLOAT_EQ(model->module()->my_parameter.item<float>(), 0.f);
+    model->reshard();
+    load_state_dict(*model, sd);
+    model->unshard();
+    EXPECT_FLOAT_EQ(model->module()->my_parameter.item<float>(), 3.1415926f);
+    model->reshard();
+  });
+}
+
+// Seed 000 test_torch_save_load: a FULL state dict through torch::save / torch::load; a SHARDED
+// one is refused with its key named (it goes through the distributed checkpoint).
+TEST_P(FSDPStateDict, TorchSaveLoad) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    Net net = make_net(Wrap::kNested);
+    train(net, 1, ctx.rank, ctx.world_size);
+    StateDict sd = get_model_state_dict(*net.module, StateDictOptions().full_state_dict(true));
+    const std::string path = ctx.temp_dir + "/full_" + std::to_string(ctx.rank) + ".pt";
+    torch::save(sd, path);
+    StateDict loaded;
+    torch::load(loaded, path);
+    EXPECT_EQ(loaded.keys(), sd.keys());
+    EXPECT_EQ(loaded.type, StateDictType::FULL_STATE_DICT);
+    for (const auto& [key, value] : sd) EXPECT_TRUE(at::equal(loaded.at(key).tensor(), value.tensor())) << key;
+    Net fresh = make_net(Wrap::kNested);
+    zero_model(*fresh.module);
+    load_state_dict(*fresh.module, loaded);
+    expect_equal_values(full_values(*fresh.module), full_values(*net.module), "loaded from file");
+
+    StateDict sharded = get_model_state_dict(*net.module);
+    EXPECT_NE(error_of([&] { torch::save(sharded, path); }).find("'0.weight' is a ShardedTensor"), std::string::npos);
+  });
+}
+
+// Seed 000 test_shared_module_and_shared_parameter (TestDummyModel): a module registered twice
+// and a parameter registered under two names appear under every name, equal, and load.
+struct DummyImpl : torch::nn::Module {
+  DummyImpl() {
+    torch::manual_seed(0);
+    net1 = register_module("net1", Sequential(Linear(8, 16), ReLU()));
+    net2 = register_module("net2", Sequential(Linear(16, 16), ReLU()));
+    net3 = register_module("net3", net2);
+    random_parameter = register_parameter("random_parameter", torch::randn({10}));
+    register_parameter("shared_parameter", random_parameter);
+  }
+  at::Tensor forward(at::Tensor x) { return net3->forward(net2->forward(net1->forward(x))).sum() + random_parameter.sum(); }
+  Sequential net1{nullptr}, net2{nullptr}, net3{nullptr};
+  at::Tensor random_parameter;
+};
+TORCH_MODULE(Dummy);
+
+TEST_P(FSDPStateDict, SharedModuleAndSharedParameter) {
+  run_ranks(GetParam(), [](RankContext&) {
+    FullyShardedDataParallel<DummyImpl> model(Dummy{});
+    Dummy plain;
+    StateDict sd = get_model_state_dict(*model, StateDictOptions().full_state_dict(true));
+    EXPECT_EQ(sd.keys(), (std::vector<std::string>{"random_parameter", "shared_parameter", "net1.0.weight", "net1.0.bias",
+                                                   "net2.0.weight", "net2.0.bias", "net3.0.weight", "net3.0.bias"}));
+    EXPECT_TRUE(at::equal(sd.at("random_parameter").tensor(), sd.at("shared_parameter").tensor()));
+    EXPECT_TRUE(at::equal(sd.at("net2.0.weight").tensor(), sd.at("net3.0.weight").tensor()));
+    EXPECT_TRUE(at::equal(sd.at("net2.0.bias").tensor(), sd.at("net3.0.bias").tensor()));
+    EXPECT_TRUE(at::equal(sd.at("random_parameter").tensor(), plain->random_parameter));
+    for (StateDictType type : kAllTypes) {
+      auto scope = state_dict_type(*model, type);
+      StateDict typed = state_dict(*model);
+      zero_model(*model);
+      load_state_dict(*model, typed);
+      StateDict again = get_model_state_dict(*model, StateDictOptions().full_state_dict(true));
+      for (const auto& [key, value] : sd) EXPECT_TRUE(at::equal(again.at(key).tensor(), value.tensor())) << to_string(type) << " " << key;
+    }
+    zero_model(*plain);
+    load_state_dict(*plain, sd);
+    EXPECT_TRUE(at::equal(plain->net3[0]->as<torch::nn::Linear>()->weight, sd.at("net3.0.weight").tensor()));
+  });
+}
+
+// Seed 000 test_full_state_dict_missing_unexpected_keys_cleaned: non-strict loads report
+// plain keys; strict loads list them in the error.
+TEST_P(FSDPStateDict, FullStateDictMissingUnexpectedKeysCleaned) {
+  run_ranks(GetParam(), [](RankContext&) {
+    Net net = make_net(Wrap::kNested);
+    StateDict sd = get_model_state_dict(*net.module, StateDictOptions().full_state_dict(true));
+    sd.erase("0.weight");
+    sd.insert("unexpected", torch::ones({1}));
+    auto result = load_state_dict(*net.module, sd, /*strict=*/false);
+    EXPECT_EQ(result.missing_keys, std::vector<std::string>{"0.weight"});
+    EXPECT_EQ(result.unexpected_keys, std::vector<std::string>{"unexpected"});
+    const std::string error = error_of([&] { load_state_dict(*net.module, sd); });
+    EXPECT_NE(error.find("unexpected key(s) in state_dict: 'unexpected'"), std::string::npos) << error;
+    EXPECT_NE(error.find("missing key(s) in state_dict: '0.weight'"), std::string::npos) << error;
+    EXPECT_EQ(error.find("_fsdp_wrapped_module"), std::string::npos) << error;
+  });
+}
+
+// Bad input: every failed load names what was wrong and leaves the model unchanged.
+TEST_P(FSDPStateDict, LoadErrorsLeaveModelUnchanged) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    Net net = make_net(Wrap::kNested);
+    Net other = make_net(Wrap::kNested);
+    train(other, 1, ctx.rank, ctx.world_size);  // a valid dict with other values
+    const auto before = full_values(*net.module);
+    auto unchanged = [&](const std::string& what) { expect_equal_values(full_values(*net.module), before, what); };
+    StateDict full = get_model_state_dict(*other.module, StateDictOptions().full_state_dict(true));
+    StateDict sharded = get_model_state_dict(*other.module);
+
+    {  // Shape mismatch, after valid entries that would be written first.
+      StateDict bad = full;
+      bad.set("5.weight", torch::zeros({4, 15}));
+      const std::string e = error_of([&] { load_state_dict(*net.module, bad); });
+      EXPECT_NE(e.find("'5.weight'"), std::string::npos) << e;
+      EXPECT_NE(e.find("[4, 15]"), std::string::npos) << e;
+      EXPECT_NE(e.find("[3, 15]"), std::string::npos) << e;
+      unchanged("shape mismatch");
+    }
+    {  // A SHARDED dict while the model's type is FULL, and the reverse.
+      const std::string e = error_of([&] { load_state_dict(*net.module, sharded); });
+      EXPECT_NE(e.find("SHARDED_STATE_DICT but the model's state_dict_type is FULL_STATE_DICT"), std::string::npos) << e;
+      StateDict untyped = sharded;
+      untyped.type.reset();
+      const std::string e2 = error_of([&] { load_state_dict(*net.module, untyped); });
+      EXPECT_NE(e2.find("'0.weight' is a ShardedTensor but the model's state_dict_type is FULL_STATE_DICT"), std::string::npos) << e2;
+      auto scope = state_dict_type(*net.module, StateDictType::SHARDED_STATE_DICT);
+      StateDict untyped_full = full;
+      untyped_full.type.reset();
+      const std::string e3 = error_of([&] { load_state_dict(*net.module, untyped_full); });
+      EXPECT_NE(e3.find("'0.weight' is a whole tensor but the model's state_dict_type is SHARDED_STATE_DICT"), std::string::npos) << e3;
+      unchanged("wrong kind");
+    }
+    {  // A FULL dict under LOCAL.
+      auto scope = state_dict_type(*net.module, StateDictType::LOCAL_STATE_DICT);
+      StateDict untyped_full = full;
+      untyped_full.type.reset();
+      const std::string e = error_of([&] { load_state_dict(*net.module, untyped_full); });
+      EXPECT_NE(e.find("LOCAL_STATE_DICT"), std::string::npos) << e;
+      EXPECT_NE(e.find("'0.weight'"), std::string::npos) << e;
+      unchanged("FULL under LOCAL");
+    }
+    {  // Unknown keys in strict mode.
+      StateDict bad = full;
+      bad.insert("0.extra", torch::zeros({1}));
+      bad.insert("9.weight", torch::zeros({1}));
+      const std::string e = error_of([&] { load_state_dict(*net.module, bad); });
+      EXPECT_NE(e.find("'0.extra', '9.weight'"), std::string::npos) << e;
+      unchanged("unknown keys");
+    }
+    {  // The empty dict rank0_only gives other ranks.
+      StateDict r0 = get_model_state_dict(*other.module, StateDictOptions().full_state_dict(true).cpu_offload(true));
+      if (ctx.rank != 0) {
+        const std::string e = error_of([&] { load_state_dict(*net.module, r0); });
+        EXPECT_NE(e.find("rank0_only"), std::string::npos) << e;
+        EXPECT_NE(e.find("rank " + std::to_string(ctx.rank)), std::string::npos) << e;
+      } else {
+        EXPECT_EQ(r0.keys(), kNetKeys);
+      }
+      unchanged("rank0_only");
+      // With broadcast_from_rank0 every rank loads rank 0's dict.
+      set_model_state_dict(*net.module, r0, StateDictOptions().full_state_dict(true).broadcast_from_rank0(true));
+      expect_equal_values(full_values(*net.module), full_values(*other.module), "broadcast_from_rank0");
+    }
+  });
+}
+
+// Seed 000 test_world_size_one: every rank shards over a group of its own.
+TEST_P(FSDPStateDict, WorldSizeOne) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    ProcessGroup mine;
+    for (int i = 0; i < ctx.world_size; ++i) {
+      ProcessGroup g = ctx.world.new_group({i});
+      if (i == ctx.rank) mine = g;
+    }
+    Net net = make_net(Wrap::kNested, FullyShardOptions().process_group(mine));
+    train(net, 2, 0, 1);
+    auto trained = full_values(*net.module);
+    auto scope = state_dict_type(*net.module, StateDictType::SHARDED_STATE_DICT);
+    StateDict sd = state_dict(*net.module);
+    EXPECT_EQ(sd.at("0.weight").sharded_tensor().local_shards().at(0).tensor.sizes(), (std::vector<int64_t>{15, 7}));
+    zero_model(*net.module);
+    load_state_dict(*net.module, sd);
+    expect_equal_values(full_values(*net.module), trained, "group of size one");
+    barrier(ctx.world);
+  });
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(FSDPStateDict);
+
+// Seed 000 test_local_state_dict_reshard (4 GPUs): a LOCAL state dict of 4 ranks, all-gathered
+// and re-split in two chunks, loads into the same model sharded over 2 ranks. The LOCAL flat
+// parameter's global value is the unit's parameters concatenated (independent of the world
+// size), so a differently sharded one is redistributed on load.
+TEST(FSDPStateDict4Ranks, LocalStateDictReshard) {
+  run_ranks(4, [](RankContext& ctx) {
+    Net model = make_net(Wrap::kNested);
+    train(model, 1, ctx.rank, 4);
+    StateDict sd;
+    {
+      auto scope = state_dict_type(*model.module, StateDictType::LOCAL_STATE_DICT);
+      sd = state_dict(*model.module);
+    }
+    ProcessGroup new_pg = ctx.world.new_group({0, 1});
+    StateDict resharded;
+    for (const auto& [key, value] : sd) {
+      if (value.is_sharded()) {
+        at::Tensor full_flat = value.sharded_tensor().full_tensor();  // every rank of the 4
+        if (ctx.rank < 2) {
+          auto chunks = full_flat.chunk(2);
+          const int64_t offset = ctx.rank == 0 ? 0 : chunks[0].numel();
+          resharded.insert(key, ShardedTensor::from_local_shards(
+                                    {Shard::from_tensor_and_offsets(chunks[ctx.rank].clone(), {offset}, ctx.rank)},
+                                    {full_flat.numel()}, new_pg));
+        }
+      } else if (ctx.rank < 2) {
+        resharded.insert(key, value);
+      }
+    }
+    StateDict full1 = get_model_state_dict(*model.module, StateDictOptions().full_state_dict(true));
+    if (ctx.rank < 2) {
+      Net model2 = make_net(Wrap::kNested, FullyShardOptions().process_group(new_pg));
+      zero_model(*model2.module);
+      {
+        auto scope = state_dict_type(*model2.module, StateDictType::LOCAL_STATE_DICT);
+        load_state_dict(*model2.module, resharded);
+      }
+      StateDict full2 = get_model_state_dict(*model2.module, StateDictOptions().full_state_dict(true));
+      ASSERT_EQ(full2.keys(), full1.keys());
+      for (const auto& [key, value] : full1) EXPECT_TRUE(at::equal(full2.at(key).tensor(), value.tensor())) << key;
+    }
+    barrier(ctx.world);
+  });
+}
+
+}  // namespace
+}  // namespace fsdpp
