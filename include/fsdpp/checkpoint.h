@@ -13,6 +13,10 @@
 
 #include <fsdpp/process_group.h>
 
+namespace fsdpp {
+class StateDict;  // <fsdpp/state_dict.h>
+}  // namespace fsdpp
+
 namespace fsdpp::checkpoint {
 
 // One local piece of a global tensor: `tensor` sits at `offsets` (one per dimension).
@@ -107,6 +111,15 @@ SaveHandle async_save(const State& state, const std::string& dir, const SaveOpti
 // Not collective: reads what this rank's entries need. Entries must name saved keys with the
 // saved dtype and global shape. On any error nothing in `state` has changed.
 void load(State& state, const std::string& dir, const LoadOptions& options = {});
+
+// State dicts (<fsdpp/state_dict.h>): each whole tensor and ShardedTensor (its local shards
+// with their offsets) becomes an entry named prefix + key that shares the dict's tensors, so
+// loading the State fills the dict in place. Combine several under prefixes:
+//   State s = to_state(model_sd, "model."); s.merge(to_state(optim_sd, "optim.")); s["step"] = 10;
+State to_state(const StateDict& sd, const std::string& prefix = "");
+void save(const StateDict& sd, const std::string& dir, const SaveOptions& options = {});
+// Fills sd's tensors in place (then hand sd to load_state_dict / set_model_state_dict).
+void load(StateDict& sd, const std::string& dir, const LoadOptions& options = {});
 
 // The metadata file, parsed (see docs/checkpoint-format.md).
 struct ChunkInfo {
