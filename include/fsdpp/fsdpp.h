@@ -10,6 +10,7 @@
 #include <fsdpp/fully_shard.h>
 #include <fsdpp/join.h>
 #include <fsdpp/memory.h>
+#include <fsdpp/optim_state_dict.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/sharded_tensor.h>
 #include <fsdpp/state_dict.h>

@@ -1,0 +1,75 @@
+#pragma once
+// Optimizer state dicts of FSDP models keyed by parameter names (PyTorch's
+// torch.distributed.checkpoint.state_dict get_optimizer_state_dict / set_optimizer_state_dict).
+//
+//   auto osd = fsdpp::get_optimizer_state_dict(*model, opt, fsdpp::StateDictOptions().full_state_dict(true));
+//   osd.state.at("0.weight").at("exp_avg").tensor();   // the whole exp_avg of parameter 0.weight
+//   torch::save(osd, "optim.pt");                       // FULL dicts only
+//   ... at another world size:
+//   torch::load(osd, "optim.pt");
+//   fsdpp::set_optimizer_state_dict(*model2, opt2, osd);
+//
+// Per parameter the entries are libtorch's state under PyTorch's names: "step" (a 0-dim int64
+// tensor), "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (Adam, AdamW), "momentum_buffer" (SGD),
+// "sum" (Adagrad), "square_avg", "momentum_buffer", "grad_avg" (RMSprop). FULL: whole tensors;
+// SHARDED: a ShardedTensor for the state of a parameter FSDP shards (its rows, like the
+// parameter), whole tensors otherwise. Supported optimizers: SGD, Adam, AdamW, Adagrad, RMSprop.
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <fsdpp/state_dict.h>
+
+namespace fsdpp {
+
+struct OptimStateDict {
+  struct ParamGroup {
+    // The group's parameters by their plain model keys (a tied parameter by its first key).
+    std::vector<std::string> params;
+    // The group's hyperparameters: typed when taken from an optimizer, and as libtorch's
+    // serialized bytes when read from a file (set_optimizer_state_dict parses them into the
+    // target optimizer's options type).
+    std::shared_ptr<torch::optim::OptimizerOptions> options;
+    std::string options_bytes;
+  };
+  // Parameter key -> its state entries. Parameters without state (not stepped yet) are absent.
+  std::map<std::string, StateDict> state;
+  std::vector<ParamGroup> param_groups;
+  std::optional<StateDictType> type;  // FULL_STATE_DICT or SHARDED_STATE_DICT
+  // Set on the empty dict ranks other than 0 get with full_state_dict + cpu_offload.
+  bool rank0_only_placeholder = false;
+};
+
+// Collective over each FSDP unit's group (every rank takes part, also with rank0_only).
+OptimStateDict get_optimizer_state_dict(torch::nn::Module& model, const torch::optim::Optimizer& optim,
+                                        const StateDictOptions& options = {});
+// Loads FULL or SHARDED state into `optim` (built over `model`'s parameters, at any world size):
+// the param groups must list the same parameter keys; every shape is checked before anything
+// changes; the optimizer's state and group options are then replaced. A ShardedTensor sharded
+// differently from the model is redistributed (collective over its group).
+void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer& optim, const OptimStateDict& sd,
+                              const StateDictOptions& options = {});
+
+template <typename M>
+OptimStateDict get_optimizer_state_dict(const torch::nn::ModuleHolder<M>& model, const torch::optim::Optimizer& optim,
+                                        const StateDictOptions& options = {}) {
+  return get_optimizer_state_dict(*model.ptr(), optim, options);
+}
+template <typename M>
+void set_optimizer_state_dict(const torch::nn::ModuleHolder<M>& model, torch::optim::Optimizer& optim,
+                              const OptimStateDict& sd, const StateDictOptions& options = {}) {
+  set_optimizer_state_dict(*model.ptr(), optim, sd, options);
+}
+
+// torch::save / torch::load of a FULL optimizer state dict (whole tensors only).
+void operator<<(torch::serialize::OutputArchive& archive, const OptimStateDict& sd);
+void operator>>(torch::serialize::InputArchive& archive, OptimStateDict& sd);
+
+}  // namespace fsdpp
