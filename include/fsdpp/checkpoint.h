@@ -20,7 +20,7 @@ class StateDict;  // <fsdpp/state_dict.h>
 namespace fsdpp::checkpoint {
 
 // One local piece of a global tensor: `tensor` sits at `offsets` (one per dimension).
-struct Shard {
+struct LocalShard {
   at::Tensor tensor;
   std::vector<int64_t> offsets;
 };
@@ -43,7 +43,7 @@ class Entry {
   Entry(std::string value);  // NOLINT
   Entry(const char* value) : Entry(std::string(value)) {}  // NOLINT
   // This rank's shards of a tensor of `global_shape` (none, one or several; a shard may be empty).
-  static Entry sharded(std::vector<int64_t> global_shape, std::vector<Shard> shards);
+  static Entry sharded(std::vector<int64_t> global_shape, std::vector<LocalShard> shards);
   static Entry sharded(at::Tensor local, std::vector<int64_t> offsets, std::vector<int64_t> global_shape);
   // Raw bytes (e.g. a generator's get_state()), kept apart from text.
   static Entry bytes(std::string value);
@@ -51,7 +51,7 @@ class Entry {
   Kind kind() const { return kind_; }
   bool is_tensor() const { return kind_ == Kind::kTensor || kind_ == Kind::kSharded; }
   const at::Tensor& tensor() const;               // kTensor
-  const std::vector<Shard>& shards() const;       // kSharded
+  const std::vector<LocalShard>& shards() const;  // kSharded
   const std::vector<int64_t>& global_shape() const;  // kTensor (its sizes) or kSharded
   int64_t to_int() const;
   double to_double() const;
@@ -60,7 +60,7 @@ class Entry {
  private:
   Kind kind_ = Kind::kInt;
   at::Tensor tensor_;
-  std::vector<Shard> shards_;
+  std::vector<LocalShard> shards_;
   std::vector<int64_t> global_shape_;
   int64_t int_ = 0;
   double double_ = 0;

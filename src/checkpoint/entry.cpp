@@ -12,7 +12,7 @@ Entry::Entry(int64_t value) : kind_(Kind::kInt), int_(value) {}
 Entry::Entry(double value) : kind_(Kind::kDouble), double_(value) {}
 Entry::Entry(std::string value) : kind_(Kind::kString), string_(std::move(value)) {}
 
-Entry Entry::sharded(std::vector<int64_t> global_shape, std::vector<Shard> shards) {
+Entry Entry::sharded(std::vector<int64_t> global_shape, std::vector<LocalShard> shards) {
   Entry e;
   e.kind_ = Kind::kSharded;
   for (const auto& s : shards) {
@@ -20,7 +20,7 @@ Entry Entry::sharded(std::vector<int64_t> global_shape, std::vector<Shard> shard
     if (s.offsets.size() != global_shape.size() || static_cast<size_t>(s.tensor.dim()) != global_shape.size())
       throw Error("checkpoint::Entry::sharded: a shard of sizes " + c10::str(s.tensor.sizes()) + " at offsets " +
                   c10::str(at::IntArrayRef(s.offsets)) + " does not match the global shape " +
-                  c10::str(at::IntArrayRef(global_shape)) + " in rank");
+                  c10::str(at::IntArrayRef(global_shape)));
     for (size_t d = 0; d < global_shape.size(); ++d)
       if (s.offsets[d] < 0 || s.offsets[d] + s.tensor.size(static_cast<int64_t>(d)) > global_shape[d])
         throw Error("checkpoint::Entry::sharded: a shard of sizes " + c10::str(s.tensor.sizes()) + " at offsets " +
@@ -33,7 +33,7 @@ Entry Entry::sharded(std::vector<int64_t> global_shape, std::vector<Shard> shard
 }
 
 Entry Entry::sharded(at::Tensor local, std::vector<int64_t> offsets, std::vector<int64_t> global_shape) {
-  return sharded(std::move(global_shape), {Shard{std::move(local), std::move(offsets)}});
+  return sharded(std::move(global_shape), {LocalShard{std::move(local), std::move(offsets)}});
 }
 
 Entry Entry::bytes(std::string value) {
@@ -52,7 +52,7 @@ const at::Tensor& Entry::tensor() const {
   if (kind_ != Kind::kTensor) wrong_kind("the tensor", kind_);
   return tensor_;
 }
-const std::vector<Shard>& Entry::shards() const {
+const std::vector<LocalShard>& Entry::shards() const {
   if (kind_ != Kind::kSharded) wrong_kind("the shards", kind_);
   return shards_;
 }

@@ -13,8 +13,8 @@ State to_state(const StateDict& sd, const std::string& prefix) {
       continue;
     }
     const ShardedTensor& st = value.sharded_tensor();
-    std::vector<Shard> shards;
-    for (const auto& local : st.local_shards()) shards.push_back(Shard{local.tensor, local.metadata.shard_offsets});
+    std::vector<LocalShard> shards;
+    for (const auto& local : st.local_shards()) shards.push_back(LocalShard{local.tensor, local.metadata.shard_offsets});
     state.emplace(prefix + key, Entry::sharded(st.size(), std::move(shards)));
   }
   return state;
