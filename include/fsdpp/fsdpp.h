@@ -11,4 +11,5 @@
 #include <fsdpp/memory.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/work.h>
+#include <fsdpp/wrap_policy.h>
 #include <fsdpp/zero_redundancy_optimizer.h>
