@@ -15,4 +15,5 @@
 #include <fsdpp/sharded_tensor.h>
 #include <fsdpp/state_dict.h>
 #include <fsdpp/work.h>
+#include <fsdpp/wrap_policy.h>
 #include <fsdpp/zero_redundancy_optimizer.h>

@@ -43,6 +43,8 @@ class SequentialImpl;
 
 namespace fsdpp {
 
+struct AutoWrapPolicy;
+
 struct FullyShardOptions {
   // The group the parameters are sharded across; empty means the default group.
   FullyShardOptions& process_group(ProcessGroup v) { process_group_ = std::move(v); return *this; }
@@ -50,11 +52,31 @@ struct FullyShardOptions {
   FullyShardOptions& mesh(DeviceMesh v) { mesh_ = std::move(v); return *this; }
   // Free the gathered parameters after forward and gather them again for backward
   // (less memory, one more all-gather per step). Ignored by the root, which keeps them.
-  FullyShardOptions& reshard_after_forward(bool v) { reshard_after_forward_ = v; return *this; }
+  FullyShardOptions& reshard_after_forward(bool v) {
+    reshard_after_forward_ = v;
+    reshard_after_forward_size_ = 0;
+    return *this;
+  }
+  // An int k (FSDP2's int option): after forward keep a copy sharded k ways across k
+  // consecutive ranks of the group, so backward all-gathers within those k ranks only.
+  // k must divide the group size; 1 means false and the group size means true.
+  FullyShardOptions& reshard_after_forward(int k) {
+    reshard_after_forward_ = true;
+    reshard_after_forward_size_ = k;
+    return *this;
+  }
+  // Makes units of the submodules the policy selects (<fsdpp/wrap_policy.h>) before
+  // wrapping this module, as FSDP1's auto_wrap_policy; they get these options too.
+  FullyShardOptions& auto_wrap_policy(std::shared_ptr<const AutoWrapPolicy> v) {
+    auto_wrap_policy_ = std::move(v);
+    return *this;
+  }
 
   ProcessGroup process_group_;
   DeviceMesh mesh_;
   bool reshard_after_forward_ = true;
+  int reshard_after_forward_size_ = 0;  // k of reshard_after_forward(k); 0: not given
+  std::shared_ptr<const AutoWrapPolicy> auto_wrap_policy_;
 };
 
 namespace detail {
@@ -101,6 +123,10 @@ class FSDPModule : public torch::nn::Module {
   void set_modules_to_backward_prefetch(const std::vector<std::shared_ptr<FSDPModule>>& modules);
   // Changes reshard_after_forward of this unit (and of the inner units with recurse).
   void set_reshard_after_forward(bool value, bool recurse = true);
+  // Off: the end of the next backward does not wait for the gradient reduce-scatters (more
+  // microbatches follow); `.grad` is complete after a backward with it on (the default).
+  // Set on the root; it applies to the whole tree.
+  void set_is_last_backward(bool value);
 
   // The wrapped module.
   const std::shared_ptr<torch::nn::Module>& wrapped_module() const { return module_; }
@@ -205,7 +231,8 @@ class FSDPForward<Derived, R(A...)> {
  public:
   R forward(A... args) {
     std::tuple<std::decay_t<A>...> inputs(std::forward<A>(args)...);
-    return static_cast<Derived*>(this)->template run_forward<R, A...>(inputs, std::index_sequence_for<A...>{});
+    auto* self = static_cast<Derived*>(this);
+    return self->template run_forward<R>(inputs, [self](auto&... a) { return self->typed_->forward(static_cast<A&&>(a)...); });
   }
 };
 
@@ -226,19 +253,29 @@ class FullyShardedDataParallelImpl
   // The wrapped module, typed.
   const std::shared_ptr<M>& module() const { return typed_; }
 
+  // Calls M's method `method` (not forward: FSDP2's register_fsdp_forward_method) inside this
+  // unit's forward steps: gather before, reshard after, backward triggers on its tensors.
+  //   Model: patch_embeddings = vit->forward_method(&VisionTransformerImpl::forward_features, imgs);
+  template <typename R, typename C, typename... P, typename... Args>
+  R forward_method(R (C::*method)(P...), Args&&... args) {
+    static_assert(std::is_base_of_v<C, M>, "forward_method: the method must be a member of the wrapped module");
+    std::tuple<std::decay_t<P>...> inputs(std::forward<Args>(args)...);
+    return run_forward<R>(inputs, [&](auto&... a) { return (typed_.get()->*method)(static_cast<P&&>(a)...); });
+  }
+
  private:
   friend class detail::FSDPForward<FullyShardedDataParallelImpl<M, Signature>, Signature>;
 
-  template <typename R, typename... A, typename Tuple, size_t... I>
-  R run_forward(Tuple& inputs, std::index_sequence<I...>) {
+  template <typename R, typename Tuple, typename Invoke>
+  R run_forward(Tuple& inputs, Invoke&& invoke) {
     pre_forward();
     const bool grad = torch::autograd::GradMode::is_enabled();
     if (grad) detail::wrap_grad_tensors(inputs, [this](const std::vector<at::Tensor>& ts) { return register_post_backward(ts); });
     if constexpr (std::is_void_v<R>) {
-      typed_->forward(static_cast<A&&>(std::get<I>(inputs))...);
+      std::apply(invoke, inputs);
       post_forward();
     } else {
-      R output = typed_->forward(static_cast<A&&>(std::get<I>(inputs))...);
+      R output = std::apply(invoke, inputs);
       post_forward();
       if (grad) detail::wrap_grad_tensors(output, [this](const std::vector<at::Tensor>& ts) { return register_pre_backward(ts); });
       return output;
@@ -265,5 +302,40 @@ template <typename M>
 FullyShardedDataParallel(std::shared_ptr<M>) -> FullyShardedDataParallel<M>;
 template <typename M>
 FullyShardedDataParallel(std::shared_ptr<M>, FullyShardOptions) -> FullyShardedDataParallel<M>;
+
+// FSDP2's spelling: fully_shard(module, options) makes `module` a unit and returns its wrapper,
+// which the caller uses in the module's place (libtorch has no forward hooks):
+//   for (...) blocks->push_back(fsdpp::fully_shard(Block(...), opts));   // blocks first,
+//   auto model = fsdpp::fully_shard(net, opts);                             // then the root
+// With an auto_wrap_policy in the options it also wraps the selected submodules.
+template <typename M>
+FullyShardedDataParallel<M> fully_shard(torch::nn::ModuleHolder<M> module, FullyShardOptions options = {}) {
+  return FullyShardedDataParallel<M>(module.ptr(), std::move(options));
+}
+template <typename M>
+FullyShardedDataParallel<M> fully_shard(std::shared_ptr<M> module, FullyShardOptions options = {}) {
+  return FullyShardedDataParallel<M>(std::move(module), std::move(options));
+}
+
+// FSDP1's summon_full_params: while the returned guard lives, every unit in `module` (the
+// module itself included) holds its full parameters, e.g. to read or edit them. Collective:
+// every rank of the units' groups calls it. With writeback, edits are kept (each rank keeps
+// its rows); without, they are discarded. Not during a forward or backward.
+//   { auto full = fsdpp::summon_full_params(*model); model->parameters()[0].mul_(0.5); }
+class [[nodiscard]] FullParamsGuard {
+ public:
+  FullParamsGuard(torch::nn::Module& module, bool writeback);
+  ~FullParamsGuard();
+  FullParamsGuard(FullParamsGuard&&) = default;
+  FullParamsGuard(const FullParamsGuard&) = delete;
+  FullParamsGuard& operator=(const FullParamsGuard&) = delete;
+  FullParamsGuard& operator=(FullParamsGuard&&) = delete;
+
+ private:
+  bool writeback_;
+  std::vector<std::shared_ptr<detail::FSDPState>> states_;  // the units this guard unsharded
+};
+
+FullParamsGuard summon_full_params(torch::nn::Module& module, bool writeback = true);
 
 }  // namespace fsdpp

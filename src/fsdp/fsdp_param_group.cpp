@@ -1,6 +1,8 @@
 #include "fsdp/fsdp_param_group.h"
 
 #include <functional>
+#include <map>
+#include <mutex>
 #include <sstream>
 
 #include <c10/core/StorageImpl.h>
@@ -12,12 +14,42 @@
 
 namespace fsdpp::detail {
 
+namespace {
+
+// The k-rank post-forward group of this rank: consecutive ranks of `group`. Every rank of
+// `group` creates all of them once (new_group is collective), in the same order.
+ProcessGroup post_forward_group_of(const ProcessGroup& group, int k) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, ProcessGroup> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(static_cast<const void*>(group.backend().get()), k);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  ProcessGroup mine;
+  for (int first = 0; first < group.size(); first += k) {
+    std::vector<int> ranks;
+    for (int r = first; r < first + k; ++r) ranks.push_back(group.global_rank(r));
+    ProcessGroup g = group.new_group(ranks);
+    if (g.is_member()) mine = g;
+  }
+  return cache[key] = mine;
+}
+
+}  // namespace
+
 FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
-                               std::string unit_name)
+                               std::string unit_name, int post_forward_size)
     : unit_name_(std::move(unit_name)), group_(std::move(group)) {
   if (!group_.is_member()) throw Error("fully_shard of " + unit_name_ + ": this rank is not a member of group " + group_.name());
   rank_ = group_.rank();
   world_size_ = group_.size();
+  if (post_forward_size < 0 || (post_forward_size > 0 && world_size_ % post_forward_size != 0))
+    throw Error("fully_shard of " + unit_name_ + ": reshard_after_forward = " + std::to_string(post_forward_size) +
+                " must divide the shard group's size " + std::to_string(world_size_) + " (group " + group_.name() + ")");
+  if (post_forward_size > 1 && post_forward_size < world_size_) {
+    post_forward_size_ = post_forward_size;
+    post_forward_group_ = post_forward_group_of(group_, post_forward_size_);
+  }
   if (params.empty()) throw Error("fully_shard of " + unit_name_ + ": no parameters to shard");
   const at::Tensor& first = params.front().second;
   for (auto& [name, p] : params) {
@@ -118,13 +150,59 @@ void release_storage(const at::Tensor& t) {
 
 void FSDPParamGroup::free_unsharded() { release_storage(unsharded_flat_); }
 
-void FSDPParamGroup::unshard() {
+void FSDPParamGroup::unshard(bool use_post_forward_shard) {
   if (unsharded_ || all_gather_output_.defined()) return;
+  // A reduce-scatter left in flight by a backward that was not the last one.
+  finalize_backward();
+  if (!use_post_forward_shard) drop_post_forward_shard();
+  if (post_forward_shard_.defined()) {
+    all_gather_output_ = at::empty({shard_numel_ * world_size_}, post_forward_shard_.options());
+    all_gather_work_ = all_gather_into_tensor(all_gather_output_, post_forward_shard_, post_forward_group_,
+                                              /*async_op=*/true);
+    return;
+  }
   // Optimizer steps write into the shards in place; a user's set_data is folded back here.
   handle_dtype_change();
   for (auto& p : params_) p.check_sharded_data();
   all_gather_output_ = at::empty({shard_numel_ * world_size_}, sharded_flat_.options());
   all_gather_work_ = all_gather_into_tensor(all_gather_output_, sharded_flat_, group_, /*async_op=*/true);
+}
+
+void FSDPParamGroup::drop_post_forward_shard() {
+  if (!post_forward_shard_.defined()) return;
+  release_storage(post_forward_shard_);
+  post_forward_shard_ = at::Tensor();
+}
+
+void FSDPParamGroup::write_back_unsharded() {
+  if (!unsharded_) return;
+  at::NoGradGuard no_grad;
+  for (const auto& p : params_) {
+    const int64_t rows = p.local_rows();
+    if (rows == 0) continue;
+    at::Tensor all_rows = p.unsharded_region().view({world_size_ * p.chunk_rows(), p.row_numel()});
+    p.padded_chunk().view({p.chunk_rows(), p.row_numel()}).narrow(0, 0, rows).copy_(all_rows.narrow(0, p.row_offset(rank_), rows));
+  }
+}
+
+void FSDPParamGroup::reshard_after_forward() {
+  if (post_forward_size_ == 0 || !unsharded_) {
+    reshard();
+    return;
+  }
+  // Keep the chunks of ranks [j * N/k, (j + 1) * N/k) in all-gather output layout.
+  const int64_t per_member = world_size_ / post_forward_size_;
+  const int64_t first = post_forward_group_.rank() * per_member;
+  at::NoGradGuard no_grad;
+  at::Tensor kept = at::empty({per_member * shard_numel_}, sharded_flat_.options());
+  at::Tensor by_rank = kept.view({per_member, shard_numel_});
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& p = params_[i];
+    const int64_t c = p.padded_chunk_numel();
+    by_rank.narrow(1, shard_offsets_[i], c).copy_(p.unsharded_region().view({world_size_, c}).narrow(0, first, per_member));
+  }
+  reshard();
+  post_forward_shard_ = std::move(kept);
 }
 
 void FSDPParamGroup::wait_for_unshard() {
@@ -143,6 +221,7 @@ void FSDPParamGroup::wait_for_unshard() {
     p.unsharded_region().view({world_size_, c}).copy_(by_rank.narrow(1, shard_offsets_[i], c));
   }
   release_storage(output);
+  drop_post_forward_shard();
   for (auto& p : params_) p.to_unsharded();
   unsharded_ = true;
 }
@@ -161,6 +240,7 @@ void FSDPParamGroup::reshard() {
     release_storage(all_gather_output_);
     all_gather_output_ = at::Tensor();
   }
+  drop_post_forward_shard();
   if (!unsharded_) return;
   for (auto& p : params_) p.to_sharded();
   free_unsharded();

@@ -8,6 +8,10 @@
 //   sharded flat [S]:        param 0 chunk | param 1 chunk | ...    (offsets shard_offset)
 //   all-gather output [N*S]: rank 0's sharded flat | rank 1's | ...
 //   unsharded flat [N*S]:    param 0 all rows (padded) | param 1 all rows | ...
+//   post-forward shard [N/k*S]: with reshard_after_forward = k, the all-gather output's
+//                            chunks of ranks [j*N/k, (j+1)*N/k) for member j of this rank's
+//                            k-rank post-forward group (consecutive ranks), so an all-gather
+//                            over that group rebuilds the all-gather output for backward.
 // The unsharded flat keeps one storage for the unit's life; resharding frees its memory
 // (the storage shrinks to 0 bytes) and unsharding reallocates it, so views that autograd
 // saved during forward see the regathered values in backward.
@@ -26,7 +30,9 @@ namespace fsdpp::detail {
 
 class FSDPParamGroup {
  public:
-  FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group, std::string unit_name);
+  // post_forward_size: k of reshard_after_forward = k (0 or the group size: reshard fully).
+  FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group, std::string unit_name,
+                 int post_forward_size = 0);
   ~FSDPParamGroup();
   FSDPParamGroup(const FSDPParamGroup&) = delete;
   FSDPParamGroup& operator=(const FSDPParamGroup&) = delete;
@@ -36,14 +42,25 @@ class FSDPParamGroup {
   int64_t sharded_numel() const { return shard_numel_; }
   int64_t unsharded_numel() const { return shard_numel_ * world_size_; }
 
-  // Starts the all-gather (asynchronously) unless unsharded or already started.
-  void unshard();
+  // Starts the all-gather (asynchronously) unless unsharded or already started. With
+  // use_post_forward_shard it gathers from the k-way post-forward shard when one is kept
+  // (backward); otherwise that shard is dropped and the gather uses the true shards.
+  void unshard(bool use_post_forward_shard = false);
   // Waits for the all-gather and makes the parameters views into the unsharded buffer.
   void wait_for_unshard();
   bool is_unsharded() const { return unsharded_; }
   bool unshard_in_flight() const { return all_gather_output_.defined(); }
-  // Parameters back to shards; frees the unsharded memory.
+  // Parameters back to shards; frees the unsharded memory (and any post-forward shard).
   void reshard();
+  // Copies this rank's rows of the unsharded parameters into the shards (summon_full_params
+  // with writeback).
+  void write_back_unsharded();
+  // After forward: reshard, keeping the k-way post-forward shard when k was given.
+  void reshard_after_forward();
+  bool has_post_forward_shard() const { return post_forward_shard_.defined(); }
+  int post_forward_size() const { return post_forward_size_; }
+  // The k-way group this rank gathers from in backward (undefined without k).
+  const ProcessGroup& post_forward_group() const { return post_forward_group_; }
 
   // Takes the full gradients the unit's backward left in `.grad`, starts the reduce-scatter
   // of their average and reshards. Returns false when no parameter had a gradient.
@@ -70,6 +87,7 @@ class FSDPParamGroup {
   void check_same_on_all_ranks();
   void allocate_unsharded();
   void free_unsharded();
+  void drop_post_forward_shard();
 
   std::string unit_name_;
   ProcessGroup group_;
@@ -82,6 +100,10 @@ class FSDPParamGroup {
   at::Tensor sharded_flat_;
   at::Tensor unsharded_flat_;
   bool unsharded_ = false;
+
+  int post_forward_size_ = 0;
+  ProcessGroup post_forward_group_;
+  at::Tensor post_forward_shard_;
 
   Work all_gather_work_;
   at::Tensor all_gather_output_;

@@ -62,9 +62,9 @@ int64_t FSDPState::next_id() {
 }
 
 FSDPState::FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
-                     bool reshard_after_forward)
+                     bool reshard_after_forward, int post_forward_size)
     : id_(next_id()), name_(std::move(name)), process_group_(std::move(group)),
-      reshard_after_forward_(reshard_after_forward) {
+      reshard_after_forward_(reshard_after_forward && post_forward_size != 1) {
   auto& r = registry();
   {
     std::lock_guard<std::mutex> lock(r.mutex);
@@ -75,7 +75,10 @@ FSDPState::FSDPState(std::string name, std::vector<std::pair<std::string, at::Te
                     it->second + " (wrap each module once, inner modules first)");
     }
   }
-  if (!params.empty()) group_.emplace(params, process_group_, name_);
+  if (!params.empty()) {
+    group_.emplace(params, process_group_, name_, reshard_after_forward_ ? post_forward_size : 0);
+    keep_post_forward_shard_ = group_->post_forward_size() > 0;
+  }
   std::lock_guard<std::mutex> lock(r.mutex);
   for (auto& [fqn, p] : params) r.sharded[p.unsafeGetTensorImpl()] = name_;
 }
@@ -99,6 +102,15 @@ void FSDPState::register_self() {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.states[id_] = weak_from_this();
+}
+
+at::Tensor FSDPState::attach_pre_backward(const at::Tensor& output) {
+  return PreBackwardFunction::apply(id_, output);
+}
+
+at::Tensor FSDPState::attach_post_backward(const at::Tensor& input) {
+  ++post_backward_nodes_expected_;
+  return PostBackwardFunction::apply(id_, input);
 }
 
 void FSDPState::lazy_init_as_root(const std::vector<std::shared_ptr<FSDPState>>& inner) {
@@ -145,7 +157,12 @@ void FSDPState::pre_forward() {
 }
 
 void FSDPState::post_forward() {
-  if (group_ && reshard_after_forward_ && !is_root_) group_->reshard();
+  if (group_ && reshard_after_forward_ && !is_root_) {
+    if (keep_post_forward_shard_)
+      group_->reshard_after_forward();
+    else
+      group_->reshard();
+  }
   training_state_ = TrainingState::kIdle;
   auto root = root_.lock();
   if (root && root->recording_order_) {
@@ -178,13 +195,13 @@ void FSDPState::pre_backward() {
   if (ran_pre_backward_) return;
   ran_pre_backward_ = true;
   training_state_ = TrainingState::kPreBackward;
-  if (group_) group_->unshard();
+  if (group_) group_->unshard(/*use_post_forward_shard=*/true);
   if (has_explicit_backward_prefetch_) {
     for (auto& w : explicit_backward_prefetch_)
       if (auto target = w.lock())
-        if (target->group_ && !target->ran_post_backward_) target->group_->unshard();
+        if (target->group_ && !target->ran_post_backward_) target->group_->unshard(true);
   } else if (auto previous = backward_prefetch_.lock()) {
-    if (previous->group_ && !previous->ran_post_backward_) previous->group_->unshard();
+    if (previous->group_ && !previous->ran_post_backward_) previous->group_->unshard(true);
   }
   if (group_) group_->wait_for_unshard();
 }
@@ -221,11 +238,15 @@ void FSDPState::final_callback() {
     FSDPState& s = **it;
     if (!s.ran_post_backward_ && s.group_ && (s.ran_pre_backward_ || s.group_->is_unsharded())) s.post_backward();
   }
+  if (is_last_backward_)
+    for (auto& s : states)
+      if (s->group_) s->group_->finalize_backward();
+  // Drops prefetched gathers and post-forward shards of units that did not run backward.
   for (auto& s : states)
-    if (s->group_) s->group_->finalize_backward();
-  // Drops prefetched gathers for units that did not run backward after all.
-  for (auto& s : states)
-    if (s->group_) s->group_->drop_pending_unshard();
+    if (s->group_) {
+      s->group_->drop_pending_unshard();
+      if (!s->group_->is_unsharded()) s->group_->reshard();
+    }
   for (auto& s : states) s->reset_iteration();
 }
 
@@ -238,152 +259,4 @@ void FSDPState::reset_iteration() {
 }
 
 }  // namespace detail
-
-// ---------------------------------------------------------------------------------------------
-// FSDPModule
-
-namespace {
-
-ProcessGroup shard_group_of(const FullyShardOptions& options, const std::string& unit) {
-  if (options.mesh_.defined()) {
-    if (options.mesh_.ndim() != 1)
-      throw Error("fully_shard of " + unit + ": a " + std::to_string(options.mesh_.ndim()) +
-                  "-D mesh (HSDP) is not supported yet; pass a 1-D mesh");
-    return options.mesh_.get_group();
-  }
-  if (options.process_group_.defined()) return options.process_group_;
-  return default_group();
-}
-
-}  // namespace
-
-FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOptions options)
-    : module_(std::move(module)), options_(std::move(options)) {
-  if (!module_) throw Error("FullyShardedDataParallel: the module is null");
-  if (dynamic_cast<FSDPModule*>(module_.get()))
-    throw Error("FullyShardedDataParallel: " + module_->name() + " is already a FullyShardedDataParallel");
-  register_module("_fsdp_wrapped_module", module_);
-  const std::string unit = module_->name();
-  // Parameters owned by inner units stay theirs.
-  std::unordered_set<const c10::TensorImpl*> inner;
-  for (const auto& m : module_->modules())
-    if (auto* f = dynamic_cast<FSDPModule*>(m.get()))
-      for (const auto& p : f->parameters()) inner.insert(p.unsafeGetTensorImpl());
-  std::vector<std::pair<std::string, at::Tensor>> params;
-  std::unordered_set<const c10::TensorImpl*> seen;
-  for (const auto& item : module_->named_parameters()) {
-    const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
-    if (inner.count(impl) || !seen.insert(impl).second) continue;
-    params.emplace_back(item.key(), item.value());
-  }
-  state_ = std::make_shared<detail::FSDPState>(unit, std::move(params), shard_group_of(options_, unit),
-                                               options_.reshard_after_forward_);
-  state_->register_self();
-}
-
-FSDPModule::~FSDPModule() = default;
-
-void FSDPModule::pre_forward() {
-  if (!state_->lazy_initialized()) {
-    std::vector<std::shared_ptr<detail::FSDPState>> inner;
-    for (const auto& m : module_->modules())
-      if (auto* f = dynamic_cast<FSDPModule*>(m.get())) inner.push_back(f->state_);
-    state_->lazy_init_as_root(inner);
-  }
-  state_->pre_forward();
-}
-
-void FSDPModule::post_forward() { state_->post_forward(); }
-
-std::vector<at::Tensor> FSDPModule::register_post_backward(const std::vector<at::Tensor>& inputs) {
-  std::vector<at::Tensor> out;
-  out.reserve(inputs.size());
-  for (const auto& t : inputs) {
-    out.push_back(detail::PostBackwardFunction::apply(state_->id(), t));
-    state_->add_post_backward_node();
-  }
-  return out;
-}
-
-std::vector<at::Tensor> FSDPModule::register_pre_backward(const std::vector<at::Tensor>& outputs) {
-  std::vector<at::Tensor> out;
-  out.reserve(outputs.size());
-  for (const auto& t : outputs) out.push_back(detail::PreBackwardFunction::apply(state_->id(), t));
-  return out;
-}
-
-UnshardHandle FSDPModule::unshard(bool async_op) {
-  if (auto* g = state_->param_group()) {
-    g->unshard();
-    if (!async_op) g->wait_for_unshard();
-  }
-  return UnshardHandle(state_);
-}
-
-void UnshardHandle::wait() {
-  if (auto state = state_.lock())
-    if (auto* g = state->param_group()) g->wait_for_unshard();
-}
-
-void FSDPModule::reshard() {
-  if (auto* g = state_->param_group()) g->reshard();
-}
-
-void FSDPModule::set_reshard_after_forward(bool value, bool recurse) {
-  state_->set_reshard_after_forward(value);
-  options_.reshard_after_forward_ = value;
-  if (!recurse) return;
-  for (const auto& m : module_->modules())
-    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_reshard_after_forward(value, false);
-}
-
-void FSDPModule::set_requires_gradient_sync(bool value, bool recurse) {
-  if (auto* g = state_->param_group()) g->set_requires_gradient_sync(value);
-  if (!recurse) return;
-  for (const auto& m : module_->modules())
-    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_requires_gradient_sync(value, false);
-}
-
-void FSDPModule::set_reshard_after_backward(bool value, bool recurse) {
-  if (auto* g = state_->param_group()) g->set_reshard_after_backward(value);
-  if (!recurse) return;
-  for (const auto& m : module_->modules())
-    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_reshard_after_backward(value, false);
-}
-
-namespace {
-std::vector<std::weak_ptr<detail::FSDPState>> states_of(const std::vector<std::shared_ptr<FSDPModule>>& modules) {
-  std::vector<std::weak_ptr<detail::FSDPState>> states;
-  for (const auto& m : modules) {
-    if (!m) throw Error("set_modules_to_*_prefetch: a module is null");
-    states.push_back(m->fsdp_state());
-  }
-  return states;
-}
-}  // namespace
-
-void FSDPModule::set_modules_to_forward_prefetch(const std::vector<std::shared_ptr<FSDPModule>>& modules) {
-  state_->set_forward_prefetch(states_of(modules));
-}
-
-void FSDPModule::set_modules_to_backward_prefetch(const std::vector<std::shared_ptr<FSDPModule>>& modules) {
-  state_->set_backward_prefetch(states_of(modules));
-}
-
-const ProcessGroup& FSDPModule::process_group() const { return state_->process_group(); }
-
-bool FSDPModule::is_root() const { return state_->is_root(); }
-
-std::vector<std::string> FSDPModule::sharded_parameter_names() const {
-  std::vector<std::string> names;
-  if (const auto* g = state_->param_group())
-    for (const auto& p : g->fsdp_params()) names.push_back(p.fqn());
-  return names;
-}
-
-int64_t FSDPModule::unsharded_padded_numel() const {
-  const auto* g = state_->param_group();
-  return g ? g->unsharded_numel() : 0;
-}
-
 }  // namespace fsdpp

@@ -19,8 +19,9 @@ enum class TrainingState { kIdle, kForward, kPreBackward, kPostBackward };
 
 class FSDPState : public std::enable_shared_from_this<FSDPState> {
  public:
+  // post_forward_size: k of reshard_after_forward = k (0: reshard fully).
   FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
-            bool reshard_after_forward);
+            bool reshard_after_forward, int post_forward_size = 0);
   ~FSDPState();
 
   // Autograd nodes find the state by id, so a graph that outlives the module is harmless.
@@ -35,8 +36,19 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   const ProcessGroup& process_group() const { return process_group_; }
   bool is_root() const { return is_root_; }
   bool lazy_initialized() const { return lazy_initialized_; }
+  // Between this unit's pre-forward and post-forward, or inside a backward of its tree.
+  bool in_forward_or_backward() const {
+    auto root = root_.lock();
+    return training_state_ != TrainingState::kIdle || (root && root->final_callback_queued_);
+  }
   bool reshard_after_forward() const { return reshard_after_forward_; }
-  void set_reshard_after_forward(bool v) { reshard_after_forward_ = v; }
+  void set_reshard_after_forward(bool v) {
+    reshard_after_forward_ = v;
+    keep_post_forward_shard_ = false;
+  }
+  // Off: the end of backward does not wait for this tree's reduce-scatters (more
+  // microbatches follow); they finish at the next forward or backward.
+  void set_is_last_backward(bool v) { is_last_backward_ = v; }
 
   // Called on the first forward of the outermost unit with every unit inside it.
   void lazy_init_as_root(const std::vector<std::shared_ptr<FSDPState>>& inner);
@@ -54,8 +66,11 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
 
   void pre_forward();
   void post_forward();
-  // One more post-backward node was attached to this unit's inputs.
-  void add_post_backward_node() { ++post_backward_nodes_expected_; }
+  // An alias of a forward output whose backward runs pre_backward first.
+  at::Tensor attach_pre_backward(const at::Tensor& output);
+  // An alias of a forward input whose backward counts towards post_backward (which runs
+  // once every input attached in this forward saw its gradient).
+  at::Tensor attach_post_backward(const at::Tensor& input);
   void pre_backward();
   // A post-backward node fired; the unit's post-backward runs when all of them did.
   void post_backward_node_fired();
@@ -80,6 +95,8 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   ProcessGroup process_group_;
   std::optional<FSDPParamGroup> group_;
   bool reshard_after_forward_ = true;
+  bool keep_post_forward_shard_ = false;  // reshard_after_forward = k
+  bool is_last_backward_ = true;
   bool is_root_ = false;
   bool lazy_initialized_ = false;
   std::weak_ptr<FSDPState> root_;

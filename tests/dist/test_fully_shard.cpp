@@ -21,148 +21,12 @@
 #include <fsdpp/fully_shard.h>
 #include <fsdpp/memory.h>
 
+#include "dist/fsdp_test_util.h"
 #include "dist/world_sizes.h"
 #include "harness/multi_process.h"
 
 namespace fsdpp {
 namespace {
-
-using testing::RankContext;
-using testing::run_ranks;
-using torch::nn::Linear;
-using torch::nn::ReLU;
-using torch::nn::Sequential;
-using FSDPLinear = FullyShardedDataParallel<torch::nn::LinearImpl>;
-using FSDPSequential = FullyShardedDataParallel<torch::nn::SequentialImpl>;
-
-constexpr double kRtol = 1.3e-6;
-constexpr double kAtol = 1e-5;
-constexpr int64_t kGlobalBatch = 12;  // divisible by every world size tested
-
-using Shapes = std::vector<std::pair<int64_t, int64_t>>;
-
-// Rows [rank * ceil(d0 / n), ...) of a full tensor: what rank `rank` holds of it.
-at::Tensor shard_rows(const at::Tensor& full, int rank, int n) {
-  const int64_t d0 = full.size(0), chunk = (d0 + n - 1) / n;
-  const int64_t start = std::min<int64_t>(d0, rank * chunk);
-  const int64_t len = std::max<int64_t>(0, std::min<int64_t>(chunk, d0 - rank * chunk));
-  return full.narrow(0, start, len);
-}
-
-std::vector<FSDPModule*> fsdp_units(torch::nn::Module& model) {
-  std::vector<FSDPModule*> units;
-  for (const auto& m : model.modules())
-    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) units.push_back(f);
-  return units;
-}
-
-// Gathers every unit, copies the full parameters, and reshards.
-std::vector<at::Tensor> full_params(torch::nn::Module& model) {
-  auto units = fsdp_units(model);
-  for (auto* u : units) u->unshard();
-  std::vector<at::Tensor> out;
-  for (const auto& p : model.parameters()) out.push_back(p.detach().clone());
-  for (auto* u : units) u->reshard();
-  return out;
-}
-
-std::string strip_wrapper_prefixes(std::string name) {
-  const std::string prefix = "_fsdp_wrapped_module.";
-  for (size_t pos; (pos = name.find(prefix)) != std::string::npos;) name.erase(pos, prefix.size());
-  return name;
-}
-
-Sequential make_mlp(const Shapes& shapes) {
-  return Sequential(Linear(shapes[0].first, shapes[0].second), ReLU(), Linear(shapes[1].first, shapes[1].second));
-}
-
-// Linear(7, 15) and Linear(15, 15) as inner units, Linear(15, 3) left to the root.
-Sequential make_multi_group(bool wrap, const FullyShardOptions& options) {
-  Linear l1(7, 15), l2(15, 15), l3(15, 3);
-  if (!wrap) return Sequential(l1, ReLU(), l2, ReLU(), l3);
-  return Sequential(FSDPLinear(l1, options), ReLU(), FSDPLinear(l2, options), ReLU(), l3);
-}
-
-enum class Optim { kSGD, kAdam };
-const char* name_of(Optim o) { return o == Optim::kSGD ? "SGD" : "Adam"; }
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optim o, const std::vector<at::Tensor>& params) {
-  if (o == Optim::kSGD) return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
-  return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
-}
-
-void expect_close(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
-  ASSERT_TRUE(actual.defined()) << what << ": undefined";
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  EXPECT_TRUE(at::allclose(actual, expected, kRtol, kAtol))
-      << what << ": max abs diff " << (actual - expected).abs().max().item<double>();
-}
-
-struct ParityCase {
-  Optim optim = Optim::kAdam;
-  bool delay = false;  // rank-dependent sleeps after forward and before the optimizer step
-  int steps = 10;
-  at::ScalarType dtype = at::kFloat;
-};
-
-// Trains `ref` on the global batch and `fsdp` (built from the same initial values) on this
-// rank's slice; checks losses, gradient shards and full parameters after every step.
-template <typename RefForward, typename Forward>
-void check_train_parity(RankContext& ctx, torch::nn::Module& ref, RefForward&& ref_forward, torch::nn::Module& fsdp,
-                        Forward&& fsdp_forward, int64_t in_dim, int64_t out_dim, const ParityCase& c,
-                        const std::string& label) {
-  const int n = ctx.world_size, rank = ctx.rank;
-  auto ref_params = ref.parameters();
-  auto fsdp_params = fsdp.parameters();
-  ASSERT_EQ(ref_params.size(), fsdp_params.size());
-  {
-    auto ref_named = ref.named_parameters();
-    auto named = fsdp.named_parameters();
-    for (size_t i = 0; i < ref_named.size(); ++i)
-      EXPECT_EQ(strip_wrapper_prefixes(named[i].key()), ref_named[i].key());
-  }
-  auto ref_opt = make_optimizer(c.optim, ref_params);
-  auto opt = make_optimizer(c.optim, fsdp_params);  // built after sharding: holds the shards
-  const int64_t local = kGlobalBatch / n;
-  for (int step = 0; step < c.steps; ++step) {
-    const std::string where = label + " " + name_of(c.optim) + " step " + std::to_string(step);
-    // Even steps drop the gradients (set_to_none), odd steps zero them in place.
-    for (auto* o : {ref_opt.get(), opt.get()}) {
-      if (step % 2 == 0) {
-        for (auto& group : o->param_groups())
-          for (auto& p : group.params()) p.mutable_grad().reset();
-      } else {
-        o->zero_grad();
-      }
-    }
-    torch::manual_seed(1000 + step);
-    at::Tensor x = torch::randn({kGlobalBatch, in_dim}, c.dtype);
-    at::Tensor y = torch::randn({kGlobalBatch, out_dim}, c.dtype);
-    at::Tensor ref_loss = (ref_forward(x) - y).pow(2).mean();
-    ref_loss.backward();
-
-    at::Tensor loss = (fsdp_forward(x.narrow(0, rank * local, local)) - y.narrow(0, rank * local, local)).pow(2).mean();
-    if (c.delay) std::this_thread::sleep_for(std::chrono::milliseconds(5 * rank));
-    loss.backward();
-    for (size_t i = 0; i < fsdp_params.size(); ++i) {
-      const at::Tensor& p = fsdp_params[i];
-      ASSERT_EQ(p.sizes(), shard_rows(ref_params[i], rank, n).sizes()) << where << " param " << i << " is not a shard";
-      ASSERT_EQ(p.scalar_type(), c.dtype) << where << " param " << i;
-      ASSERT_EQ(p.grad().scalar_type(), c.dtype) << where << " grad " << i;
-      expect_close(p.grad(), shard_rows(ref_params[i].grad(), rank, n), where + " grad " + std::to_string(i));
-    }
-    if (c.delay) std::this_thread::sleep_for(std::chrono::milliseconds(5 * (n - 1 - rank)));
-    ref_opt->step();
-    opt->step();
-
-    at::Tensor global_loss = loss.detach().clone();
-    all_reduce(global_loss, ReduceOp::AVG);
-    expect_close(global_loss, ref_loss.detach(), where + " loss");
-    auto full = full_params(fsdp);
-    for (size_t i = 0; i < full.size(); ++i) expect_close(full[i], ref_params[i].detach(), where + " param " + std::to_string(i));
-    if (::testing::Test::HasFailure()) return;
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // TestFullyShard1DTrainingCore
@@ -354,8 +218,6 @@ FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardRegisteredParams);
 // ---------------------------------------------------------------------------------------------
 // TestFullyShardGradientAccumulation (the part that needs no extra API): a backward without
 // zeroing adds the new reduced gradient to the shard already in `.grad`.
-
-class FullyShardGradientAccumulation : public testing::WorldSizeTest {};
 
 TEST_P(FullyShardGradientAccumulation, AccumulatesIntoUnzeroedGrad) {
   run_ranks(GetParam(), [](RankContext& ctx) {

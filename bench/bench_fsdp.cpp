@@ -1,0 +1,175 @@
+// FSDP on a small transformer, measured in one run under fsdpp-run (N ranks):
+//  - bytes on the wire per step per rank (CommDebugMode) vs DESIGN.md's bound, from the
+//    units' padded sizes: all-gather (N-1)/N * Psi in forward plus (N-1)/N * Psi_u again in
+//    backward for each non-root unit that reshards, reduce-scatter (N-1)/N * Psi;
+//  - per-rank peak tensor memory of a training step, and the parameters + gradients + Adam
+//    state held, vs the same model unsharded;
+//  - median step time of FSDP with and without prefetching, of fsdpp DDP, and (rank 0 alone,
+//    one core, on the global batch) single-process training.
+//   fsdpp-run --nproc-per-node 4 bench_fsdp --layers 4 --dim 256
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <fsdpp/fsdpp.h>
+
+#include "transformer.h"
+
+namespace {
+
+using fsdpp::examples::language_model_loss;
+using fsdpp::examples::Transformer;
+using fsdpp::examples::TransformerArgs;
+using fsdpp::examples::TransformerBlockImpl;
+
+double mib(double bytes) { return bytes / (1 << 20); }
+
+int64_t state_bytes(const std::vector<at::Tensor>& params) {
+  int64_t bytes = 0;
+  for (const auto& p : params) bytes += 4 * p.numel() * p.element_size();  // param, grad, exp_avg, exp_avg_sq
+  return bytes;
+}
+
+// Median seconds of `step` over `steps` runs after `warmup`, ranks started together.
+double median_step(const std::function<void()>& step, int warmup, int steps, const fsdpp::ProcessGroup* group) {
+  std::vector<double> times;
+  for (int i = 0; i < warmup + steps; ++i) {
+    if (group) fsdpp::barrier(*group);
+    auto start = std::chrono::steady_clock::now();
+    step();
+    if (i >= warmup) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  double median = times[times.size() / 2];
+  if (group) {  // the slowest rank's median
+    at::Tensor t = torch::tensor({median}, torch::kDouble);
+    fsdpp::all_reduce(t, fsdpp::ReduceOp::MAX, *group);
+    median = t.item<double>();
+  }
+  return median;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fsdpp FSDP: wire bytes, memory and step time on a transformer"};
+  TransformerArgs args;
+  args.n_layers = 4;
+  args.dim = 256;
+  args.vocab_size = 1024;
+  args.max_seq_len = 32;
+  args.n_heads = 4;
+  int64_t local_batch = 2;
+  int steps = 10, warmup = 3;
+  app.add_option("--layers", args.n_layers);
+  app.add_option("--dim", args.dim);
+  app.add_option("--vocab", args.vocab_size);
+  app.add_option("--local-batch", local_batch);
+  app.add_option("--steps", steps);
+  CLI11_PARSE(app, argc, argv);
+  torch::set_num_threads(1);
+
+  auto world = fsdpp::init_process_group(fsdpp::InitProcessGroupOptions().check_collectives(false));
+  const int rank = world.rank(), n = world.size();
+  const int64_t seq = args.max_seq_len;
+  torch::manual_seed(rank);
+  at::Tensor tokens = torch::randint(args.vocab_size, {local_batch, seq}, torch::kLong);
+  at::Tensor targets = torch::randint(args.vocab_size, {local_batch, seq}, torch::kLong);
+
+  // FSDP: every block a unit, then the root.
+  fsdpp::reset_peak_memory_stats();
+  const int64_t base = fsdpp::memory_stats().current_bytes;
+  torch::manual_seed(0);
+  auto model = fsdpp::fully_shard(
+      Transformer(args), fsdpp::FullyShardOptions().auto_wrap_policy(fsdpp::ModuleWrapPolicy<TransformerBlockImpl>()));
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-4));
+  auto fsdp_step = [&] {
+    opt.zero_grad();
+    language_model_loss(model->forward(tokens), targets).backward();
+    opt.step();
+  };
+  fsdp_step();
+  fsdp_step();  // Adam state exists from here on
+  const double fsdp_peak = fsdpp::memory_stats().peak_bytes - base;
+  const double fsdp_state = state_bytes(model->parameters());
+
+  // Wire bytes of one step vs the bound computed from the units' padded sizes.
+  double bound = 0, largest_unit = 0;
+  for (const auto& m : model->modules())
+    if (auto* unit = dynamic_cast<fsdpp::FSDPModule*>(m.get())) {
+      const double psi = unit->unsharded_padded_numel() * 4.0;
+      largest_unit = std::max(largest_unit, psi);
+      const bool reshards = !unit->is_root() && unit->options().reshard_after_forward_;
+      bound += (reshards ? 3.0 : 2.0) * (n - 1) / n * psi;
+    }
+  double wire = 0;
+  {
+    fsdpp::CommDebugMode comm;
+    fsdp_step();
+    wire = comm.bytes_sent("all_gather_into_tensor") + comm.bytes_sent("reduce_scatter_tensor");
+  }
+  const double fsdp_time = median_step(fsdp_step, warmup, steps, &world);
+  for (const auto& m : model->modules())
+    if (auto* unit = dynamic_cast<fsdpp::FSDPModule*>(m.get())) {
+      unit->set_modules_to_forward_prefetch({});
+      unit->set_modules_to_backward_prefetch({});
+    }
+  const double no_prefetch_time = median_step(fsdp_step, warmup, steps, &world);
+
+  // DDP on the same slices.
+  fsdpp::reset_peak_memory_stats();
+  const int64_t ddp_base = fsdpp::memory_stats().current_bytes;
+  torch::manual_seed(0);
+  Transformer plain(args);
+  fsdpp::DistributedDataParallel<fsdpp::examples::TransformerImpl> ddp(plain);
+  torch::optim::Adam ddp_opt(plain->parameters(), torch::optim::AdamOptions(1e-4));
+  auto ddp_step = [&] {
+    ddp_opt.zero_grad();
+    language_model_loss(ddp.forward(tokens), targets).backward();
+    ddp_opt.step();
+  };
+  ddp_step();
+  ddp_step();
+  const double ddp_peak = fsdpp::memory_stats().peak_bytes - ddp_base;
+  const double plain_state = state_bytes(plain->parameters());
+  const double ddp_time = median_step(ddp_step, warmup, steps, &world);
+
+  // One process on the global batch (rank 0; the others wait).
+  double single_time = 0;
+  if (rank == 0) {
+    torch::manual_seed(0);
+    Transformer single(args);
+    torch::optim::Adam single_opt(single->parameters(), torch::optim::AdamOptions(1e-4));
+    at::Tensor all_tokens = tokens.repeat({n, 1}), all_targets = targets.repeat({n, 1});
+    single_time = median_step(
+        [&] {
+          single_opt.zero_grad();
+          language_model_loss(single->forward(all_tokens), all_targets).backward();
+          single_opt.step();
+        },
+        warmup, steps, nullptr);
+  }
+  fsdpp::barrier(world);
+  if (rank == 0) {
+    std::printf("transformer: %lld layers, dim %lld, vocab %lld, %.2f MiB of parameters; N = %d, local batch %lld x %lld\n",
+                static_cast<long long>(args.n_layers), static_cast<long long>(args.dim),
+                static_cast<long long>(args.vocab_size), mib(plain_state / 4), n, static_cast<long long>(local_batch),
+                static_cast<long long>(seq));
+    std::printf("wire bytes per step per rank: %.0f, bound %.0f (ratio %.4f)\n", wire, bound, wire / bound);
+    std::printf("params+grads+Adam per rank: %.3f MiB vs %.3f MiB unsharded (%.3f; 1/N = %.3f)\n", mib(fsdp_state),
+                mib(plain_state), fsdp_state / plain_state, 1.0 / n);
+    std::printf("peak tensor memory of a step: FSDP %.3f MiB, DDP %.3f MiB (%.3f); 1/N of DDP + largest unit = %.3f MiB\n",
+                mib(fsdp_peak), mib(ddp_peak), fsdp_peak / ddp_peak, mib(ddp_peak / n + largest_unit));
+    std::printf("step time (median): FSDP %.2f ms, FSDP without prefetch %.2f ms, DDP %.2f ms, single process %.2f ms\n",
+                fsdp_time * 1e3, no_prefetch_time * 1e3, ddp_time * 1e3, single_time * 1e3);
+    std::printf("ratios: FSDP/DDP %.3f, FSDP no-prefetch/FSDP %.3f, FSDP/single %.3f\n", fsdp_time / ddp_time,
+                no_prefetch_time / fsdp_time, fsdp_time / single_time);
+  }
+  fsdpp::destroy_process_group();
+  return 0;
+}

@@ -1,0 +1,59 @@
+#pragma once
+// Auto-wrap policies (FSDP1's auto_wrap_policy): which submodules of a module being wrapped
+// become FSDP units of their own, without editing the model's class.
+//
+//   auto opts = fsdpp::FullyShardOptions().auto_wrap_policy(fsdpp::ModuleWrapPolicy<BlockImpl>());
+//   fsdpp::FullyShardedDataParallel<torch::nn::SequentialImpl> model(net, opts);   // every Block a unit
+//
+// libtorch has no forward hooks, so a unit must sit where its callers call it: a policy wraps
+// the selected modules held in a torch::nn::Sequential (its elements are AnyModules, called by
+// the Sequential) and, for ModuleWrapPolicy, in a torch::nn::ModuleList (the element becomes a
+// FullyShardedDataParallelImpl<T>; callers reach it with ->as<FullyShardedDataParallelImpl<T>>()).
+// A selected module held any other way (a typed member of a user class) stays in its parent's
+// unit; make it a unit with the documented one-line change instead.
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include <torch/nn/modules/container/any.h>
+
+#include <fsdpp/fully_shard.h>
+
+namespace fsdpp {
+
+struct AutoWrapPolicy {
+  // Whether `module` becomes a unit; `unwrapped_numel` counts its parameters that no unit
+  // inside it shards (the policy runs bottom-up).
+  std::function<bool(const torch::nn::Module& module, int64_t unwrapped_numel)> should_wrap;
+  // Builds the typed unit of a selected module; empty for policies that do not know the
+  // type (they wrap only Sequential elements, through their AnyModule).
+  std::function<torch::nn::AnyModule(const std::shared_ptr<torch::nn::Module>&, const FullyShardOptions&)> make_unit;
+};
+
+// Wraps every submodule whose type is one of Ts (PyTorch's ModuleWrapPolicy({Block})).
+template <typename... Ts>
+std::shared_ptr<const AutoWrapPolicy> ModuleWrapPolicy() {
+  static_assert(sizeof...(Ts) > 0, "ModuleWrapPolicy needs at least one module type");
+  auto policy = std::make_shared<AutoWrapPolicy>();
+  policy->should_wrap = [](const torch::nn::Module& m, int64_t) {
+    return ((dynamic_cast<const Ts*>(&m) != nullptr) || ...);
+  };
+  policy->make_unit = [](const std::shared_ptr<torch::nn::Module>& m, const FullyShardOptions& options) {
+    torch::nn::AnyModule unit;
+    auto try_type = [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      if (unit.is_empty())
+        if (auto typed = std::dynamic_pointer_cast<T>(m))
+          unit = torch::nn::AnyModule(std::make_shared<FullyShardedDataParallelImpl<T>>(typed, options));
+    };
+    (try_type(static_cast<Ts*>(nullptr)), ...);
+    return unit;
+  };
+  return policy;
+}
+
+// Wraps every Sequential element holding at least min_num_params parameters that no inner
+// unit shards (PyTorch's size_based_auto_wrap_policy).
+std::shared_ptr<const AutoWrapPolicy> SizeBasedAutoWrapPolicy(int64_t min_num_params);
+
+}  // namespace fsdpp

@@ -1,0 +1,63 @@
+#include "fsdp/any_module_unit.h"
+
+#include <utility>
+
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <fsdpp/error.h>
+
+namespace fsdpp::detail {
+
+AnyModuleUnitImpl::AnyModuleUnitImpl(torch::nn::AnyModule module, FullyShardOptions options)
+    : FSDPModule(module.ptr(), std::move(options)), module_(std::move(module)) {}
+
+namespace {
+
+template <size_t... I>
+torch::nn::AnyValue call(torch::nn::AnyModule& m, std::vector<torch::nn::AnyValue>& a, std::index_sequence<I...>) {
+  return m.any_forward(std::move(a[I])...);
+}
+
+torch::nn::AnyValue call(torch::nn::AnyModule& m, std::vector<torch::nn::AnyValue>& a) {
+  switch (a.size()) {
+    case 0: return m.any_forward();
+    case 1: return call(m, a, std::make_index_sequence<1>{});
+    case 2: return call(m, a, std::make_index_sequence<2>{});
+    case 3: return call(m, a, std::make_index_sequence<3>{});
+    case 4: return call(m, a, std::make_index_sequence<4>{});
+    case 5: return call(m, a, std::make_index_sequence<5>{});
+    case 6: return call(m, a, std::make_index_sequence<6>{});
+    default:
+      throw Error("FSDP unit of " + m.ptr()->name() + ": forward with " + std::to_string(a.size()) +
+                  " arguments; a Sequential element wrapped by a size-based policy takes at most 6");
+  }
+}
+
+}  // namespace
+
+torch::nn::AnyValue AnyModuleUnitImpl::forward(std::vector<torch::nn::AnyValue> arguments) {
+  pre_forward();
+  const bool grad = torch::autograd::GradMode::is_enabled();
+  if (grad) {
+    std::vector<at::Tensor*> slots;
+    std::vector<at::Tensor> inputs;
+    for (auto& a : arguments)
+      if (auto* t = a.try_get<at::Tensor>())
+        if (t->defined() && t->requires_grad()) {
+          slots.push_back(t);
+          inputs.push_back(*t);
+        }
+    if (!inputs.empty()) {
+      auto wrapped = register_post_backward(inputs);
+      for (size_t i = 0; i < slots.size(); ++i) *slots[i] = wrapped[i];
+    }
+  }
+  torch::nn::AnyValue output = call(module_, arguments);
+  post_forward();
+  if (grad)
+    if (auto* t = output.try_get<at::Tensor>())
+      if (t->defined() && t->requires_grad()) *t = register_pre_backward({*t})[0];
+  return output;
+}
+
+}  // namespace fsdpp::detail

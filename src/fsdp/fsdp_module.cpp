@@ -1,0 +1,176 @@
+#include <fsdpp/error.h>
+#include <fsdpp/fully_shard.h>
+#include <fsdpp/wrap_policy.h>
+
+#include "fsdp/auto_wrap.h"
+#include "fsdp/fsdp_state.h"
+
+namespace fsdpp {
+
+namespace {
+
+ProcessGroup shard_group_of(const FullyShardOptions& options, const std::string& unit) {
+  if (options.mesh_.defined()) {
+    if (options.mesh_.ndim() != 1)
+      throw Error("fully_shard of " + unit + ": a " + std::to_string(options.mesh_.ndim()) +
+                  "-D mesh (HSDP) is not supported yet; pass a 1-D mesh");
+    return options.mesh_.get_group();
+  }
+  if (options.process_group_.defined()) return options.process_group_;
+  return default_group();
+}
+
+}  // namespace
+
+FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOptions options)
+    : module_(std::move(module)), options_(std::move(options)) {
+  if (!module_) throw Error("FullyShardedDataParallel: the module is null");
+  if (dynamic_cast<FSDPModule*>(module_.get()))
+    throw Error("FullyShardedDataParallel: " + module_->name() + " is already a FullyShardedDataParallel");
+  register_module("_fsdp_wrapped_module", module_);
+  if (options_.auto_wrap_policy_) detail::apply_auto_wrap_policy(*module_, *options_.auto_wrap_policy_, options_);
+  const std::string unit = module_->name();
+  // Parameters owned by inner units stay theirs.
+  state_ = std::make_shared<detail::FSDPState>(unit, detail::unwrapped_parameters(*module_),
+                                               shard_group_of(options_, unit), options_.reshard_after_forward_,
+                                               options_.reshard_after_forward_size_);
+  state_->register_self();
+}
+
+FSDPModule::~FSDPModule() = default;
+
+void FSDPModule::pre_forward() {
+  if (!state_->lazy_initialized()) {
+    std::vector<std::shared_ptr<detail::FSDPState>> inner;
+    for (const auto& m : module_->modules())
+      if (auto* f = dynamic_cast<FSDPModule*>(m.get())) inner.push_back(f->state_);
+    state_->lazy_init_as_root(inner);
+  }
+  state_->pre_forward();
+}
+
+void FSDPModule::post_forward() { state_->post_forward(); }
+
+std::vector<at::Tensor> FSDPModule::register_post_backward(const std::vector<at::Tensor>& inputs) {
+  std::vector<at::Tensor> out;
+  out.reserve(inputs.size());
+  for (const auto& t : inputs) out.push_back(state_->attach_post_backward(t));
+  return out;
+}
+
+std::vector<at::Tensor> FSDPModule::register_pre_backward(const std::vector<at::Tensor>& outputs) {
+  std::vector<at::Tensor> out;
+  out.reserve(outputs.size());
+  for (const auto& t : outputs) out.push_back(state_->attach_pre_backward(t));
+  return out;
+}
+
+UnshardHandle FSDPModule::unshard(bool async_op) {
+  if (auto* g = state_->param_group()) {
+    g->unshard();
+    if (!async_op) g->wait_for_unshard();
+  }
+  return UnshardHandle(state_);
+}
+
+void UnshardHandle::wait() {
+  if (auto state = state_.lock())
+    if (auto* g = state->param_group()) g->wait_for_unshard();
+}
+
+void FSDPModule::reshard() {
+  if (auto* g = state_->param_group()) g->reshard();
+}
+
+void FSDPModule::set_reshard_after_forward(bool value, bool recurse) {
+  state_->set_reshard_after_forward(value);
+  options_.reshard_after_forward_ = value;
+  options_.reshard_after_forward_size_ = 0;
+  if (!recurse) return;
+  for (const auto& m : module_->modules())
+    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_reshard_after_forward(value, false);
+}
+
+void FSDPModule::set_requires_gradient_sync(bool value, bool recurse) {
+  if (auto* g = state_->param_group()) g->set_requires_gradient_sync(value);
+  if (!recurse) return;
+  for (const auto& m : module_->modules())
+    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_requires_gradient_sync(value, false);
+}
+
+void FSDPModule::set_reshard_after_backward(bool value, bool recurse) {
+  if (auto* g = state_->param_group()) g->set_reshard_after_backward(value);
+  if (!recurse) return;
+  for (const auto& m : module_->modules())
+    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_reshard_after_backward(value, false);
+}
+
+namespace {
+std::vector<std::weak_ptr<detail::FSDPState>> states_of(const std::vector<std::shared_ptr<FSDPModule>>& modules) {
+  std::vector<std::weak_ptr<detail::FSDPState>> states;
+  for (const auto& m : modules) {
+    if (!m) throw Error("set_modules_to_*_prefetch: a module is null");
+    states.push_back(m->fsdp_state());
+  }
+  return states;
+}
+}  // namespace
+
+void FSDPModule::set_modules_to_forward_prefetch(const std::vector<std::shared_ptr<FSDPModule>>& modules) {
+  state_->set_forward_prefetch(states_of(modules));
+}
+
+void FSDPModule::set_modules_to_backward_prefetch(const std::vector<std::shared_ptr<FSDPModule>>& modules) {
+  state_->set_backward_prefetch(states_of(modules));
+}
+
+const ProcessGroup& FSDPModule::process_group() const { return state_->process_group(); }
+
+bool FSDPModule::is_root() const { return state_->is_root(); }
+
+std::vector<std::string> FSDPModule::sharded_parameter_names() const {
+  std::vector<std::string> names;
+  if (const auto* g = state_->param_group())
+    for (const auto& p : g->fsdp_params()) names.push_back(p.fqn());
+  return names;
+}
+
+int64_t FSDPModule::unsharded_padded_numel() const {
+  const auto* g = state_->param_group();
+  return g ? g->unsharded_numel() : 0;
+}
+
+void FSDPModule::set_is_last_backward(bool value) {
+  for (const auto& m : modules())
+    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->state_->set_is_last_backward(value);
+}
+
+// ---------------------------------------------------------------------------------------------
+// summon_full_params
+
+FullParamsGuard::FullParamsGuard(torch::nn::Module& module, bool writeback) : writeback_(writeback) {
+  for (const auto& m : module.modules())
+    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) {
+      auto* g = f->fsdp_state()->param_group();
+      if (!g || g->is_unsharded()) continue;  // already full: leave it as it is
+      if (f->fsdp_state()->in_forward_or_backward())
+        throw Error("summon_full_params: FSDP unit " + f->fsdp_state()->name() + " is in forward or backward");
+      states_.push_back(f->fsdp_state());
+    }
+  for (auto& s : states_) s->param_group()->unshard();  // all gathers in flight, then wait
+  for (auto& s : states_) s->param_group()->wait_for_unshard();
+}
+
+FullParamsGuard::~FullParamsGuard() {
+  for (auto& s : states_) {
+    auto* g = s->param_group();
+    if (writeback_) g->write_back_unsharded();
+    g->reshard();
+  }
+}
+
+FullParamsGuard summon_full_params(torch::nn::Module& module, bool writeback) {
+  return FullParamsGuard(module, writeback);
+}
+
+}  // namespace fsdpp
