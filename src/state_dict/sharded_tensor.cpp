@@ -42,12 +42,15 @@ at::Tensor region_of(at::Tensor t, const ShardMetadata& m) {
   return t;
 }
 
-// Throws unless the shards lie inside `size`, do not overlap and cover it.
-void check_layout(const std::vector<ShardMetadata>& shards, const std::vector<int64_t>& size) {
+// Throws unless the shards sit on ranks of the group, lie inside `size`, do not overlap and cover it.
+void check_layout(const std::vector<ShardMetadata>& shards, const std::vector<int64_t>& size, int group_size) {
   int64_t numel = 1;
   for (int64_t s : size) numel *= s;
   int64_t covered = 0;
   for (const auto& m : shards) {
+    if (m.placement < 0 || m.placement >= group_size)
+      throw Error("ShardedTensor: " + describe(m) + " is placed outside the group of " + std::to_string(group_size) +
+                  " ranks");
     if (m.shard_offsets.size() != size.size() || m.shard_sizes.size() != size.size())
       throw Error("ShardedTensor: " + describe(m) + " has another number of dimensions than the global size " +
                   shape_str(size));
@@ -163,7 +166,7 @@ ShardedTensor ShardedTensor::from_local_shards(std::vector<Shard> local_shards, 
       metadata.push_back(std::move(m));
     }
   }
-  check_layout(metadata, global_size);
+  check_layout(metadata, global_size, n);
   ShardedTensor st;
   st.defined_ = true;
   st.size_ = std::move(global_size);
@@ -192,7 +195,7 @@ ShardedTensor ShardedTensor::from_local_shards_and_global_metadata(std::vector<S
   if (next != local_shards.size())
     throw Error("ShardedTensor: rank " + std::to_string(rank) + " holds " + std::to_string(local_shards.size()) +
                 " local shards but the global metadata places " + std::to_string(next) + " on it");
-  check_layout(all_shards, global_size);
+  check_layout(all_shards, global_size, group.size());
   ShardedTensor st;
   st.defined_ = true;
   st.size_ = std::move(global_size);

@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <unordered_set>
 
 #include <torch/torch.h>
@@ -547,6 +548,69 @@ TEST_P(FSDPStateDict, WorldSizeOne) {
   });
 }
 
+
+// Seed 000 test_basic_save_and_load_state_dict: each kind (FULL also with rank0_only + offload)
+// taken from a trained model loads into a model built from other initial values.
+TEST_P(FSDPStateDict, BasicSaveAndLoadStateDict) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    for (StateDictType type : kAllTypes)
+      for (bool rank0_and_offload : {false, true}) {
+        if (rank0_and_offload && type != StateDictType::FULL_STATE_DICT) continue;
+        Net net = make_net(Wrap::kNested);
+        train(net, 2, ctx.rank, ctx.world_size);
+        const auto trained = full_values(*net.module);
+        std::optional<StateDictConfig> config;
+        if (rank0_and_offload) config = FullStateDictConfig().rank0_only(true).offload_to_cpu(true);
+        StateDict sd;
+        {
+          auto scope = state_dict_type(*net.module, type, config);
+          sd = state_dict(*net.module);
+        }
+        torch::manual_seed(123);
+        Net other = make_net(Wrap::kNested);
+        {
+          torch::NoGradGuard no_grad;
+          for (auto& p : other.module->parameters()) p.uniform_(-1, 1);  // other values than net's
+        }
+        if (rank0_and_offload) {
+          // Only rank 0 holds the values: it broadcasts them.
+          set_model_state_dict(*other.module, sd, StateDictOptions().broadcast_from_rank0(true));
+        } else {
+          auto scope = state_dict_type(*other.module, type);
+          load_state_dict(*other.module, sd);
+        }
+        expect_equal_values(full_values(*other.module), trained, std::string(to_string(type)) + " rank0 " +
+                                                                      std::to_string(rank0_and_offload));
+      }
+  });
+}
+
+// Seed 000 test_state_dict_rank0_offload_save_load_flow: rank 0's FULL dict (rank0_only +
+// offload) loads into a plain model on rank 0 and, through broadcast_from_rank0, into a fresh
+// FSDP model on every rank.
+TEST_P(FSDPStateDict, StateDictRank0OffloadSaveLoadFlow) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    Net net = make_net(Wrap::kNested);
+    train(net, 2, ctx.rank, ctx.world_size);
+    const auto trained = full_values(*net.module);
+    StateDict sd = get_model_state_dict(*net.module, StateDictOptions().full_state_dict(true).cpu_offload(true));
+    EXPECT_EQ(sd.empty(), ctx.rank != 0);
+    if (ctx.rank == 0) {
+      Net plain = make_net(Wrap::kNone);
+      zero_model(*plain.module);
+      set_model_state_dict(*plain.module, sd);
+      expect_equal_values(full_values(*plain.module), trained, "plain on rank 0");
+    }
+    Net fresh = make_net(Wrap::kNested);
+    zero_model(*fresh.module);
+    set_model_state_dict(*fresh.module, sd, StateDictOptions().full_state_dict(true).broadcast_from_rank0(true));
+    expect_equal_values(full_values(*fresh.module), trained, "FSDP model, broadcast from rank 0");
+    // The fresh model trains on as the original does.
+    train(fresh, 1, ctx.rank, ctx.world_size);
+    train(net, 1, ctx.rank, ctx.world_size);
+    expect_equal_values(full_values(*fresh.module), full_values(*net.module), "after one more step");
+  });
+}
 
 // ---- optimizer state dicts ------------------------------------------------------------------
 
