@@ -753,6 +753,51 @@ TEST_P(FSDPStateDict, OptimStateDictErrors) {
 
 FSDPP_INSTANTIATE_WORLD_SIZES(FSDPStateDict);
 
+// ---- ShardedTensor ----------------------------------------------------------------------------
+
+class ShardedTensorChecks : public testing::WorldSizeTest {};
+
+// from_local_shards with N-d offsets and several shards per rank; full_tensor() reassembles;
+// inconsistent layouts are refused on every rank with the culprit named.
+TEST_P(ShardedTensorChecks, FromLocalShardsAndFullTensor) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size, r = ctx.rank;
+    // A (2n) x 4 tensor: rank r holds rows [2r, 2r + 2) as two column blocks of 1 and 3.
+    at::Tensor full = torch::arange(2 * n * 4).to(at::kFloat).view({2 * n, 4});
+    std::vector<Shard> shards{Shard::from_tensor_and_offsets(full.narrow(0, 2 * r, 2).narrow(1, 0, 1).clone(), {2 * r, 0}, r),
+                              Shard::from_tensor_and_offsets(full.narrow(0, 2 * r, 2).narrow(1, 1, 3).clone(), {2 * r, 1}, r)};
+    ShardedTensor st = ShardedTensor::from_local_shards(shards, {2 * n, 4});
+    EXPECT_EQ(st.shards_metadata().size(), static_cast<size_t>(2 * n));
+    EXPECT_EQ(st.dtype(), at::kFloat);
+    EXPECT_TRUE(at::equal(st.full_tensor(), full));
+
+    // A rank without shards: rank 0 holds everything.
+    std::vector<Shard> all_on_0;
+    if (r == 0) all_on_0.push_back(Shard::from_tensor_and_offsets(full.clone(), {0, 0}, 0));
+    EXPECT_TRUE(at::equal(ShardedTensor::from_local_shards(all_on_0, {2 * n, 4}).full_tensor(), full));
+
+    // A gap: the global size has one more row than the shards cover.
+    EXPECT_NE(error_of([&] { ShardedTensor::from_local_shards(shards, {2 * n + 1, 4}); }).find("cover"), std::string::npos);
+    // Outside the global size.
+    EXPECT_NE(error_of([&] { ShardedTensor::from_local_shards(shards, {2 * n, 3}); }).find("lies outside"), std::string::npos);
+    // Ranks disagreeing on the global size (rank 0 says 2n + 2 rows).
+    if (n > 1) {
+      const std::vector<int64_t> size = r == 0 ? std::vector<int64_t>{2 * n + 2, 4} : std::vector<int64_t>{2 * n, 4};
+      EXPECT_NE(error_of([&] { ShardedTensor::from_local_shards(shards, size); }).find("gives global size"), std::string::npos);
+      // Overlap: every rank claims rows [0, 2).
+      std::vector<Shard> same{Shard::from_tensor_and_offsets(full.narrow(0, 0, 2).clone(), {0, 0}, r)};
+      EXPECT_NE(error_of([&] { ShardedTensor::from_local_shards(same, {2 * n, 4}); }).find("overlaps"), std::string::npos);
+    }
+    // A tensor of another shape than its metadata: its rank names it, the others name that rank.
+    std::vector<Shard> bad = shards;
+    if (r == 0) bad[0].metadata.shard_sizes = {2, 2};
+    const std::string e = error_of([&] { ShardedTensor::from_local_shards(bad, {2 * n, 4}); });
+    EXPECT_NE(e.find(r == 0 ? "holds a tensor of shape [2, 1]" : "rank 0's local shards are invalid"), std::string::npos) << e;
+  });
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(ShardedTensorChecks);
+
 // Seed 000 test_local_state_dict_reshard (4 GPUs): a LOCAL state dict of 4 ranks, all-gathered
 // and re-split in two chunks, loads into the same model sharded over 2 ranks. The LOCAL flat
 // parameter's global value is the unit's parameters concatenated (independent of the world
