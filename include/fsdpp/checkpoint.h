@@ -14,7 +14,8 @@
 #include <fsdpp/process_group.h>
 
 namespace fsdpp {
-class StateDict;  // <fsdpp/state_dict.h>
+class StateDict;        // <fsdpp/state_dict.h>
+struct OptimStateDict;  // <fsdpp/optim_state_dict.h>
 }  // namespace fsdpp
 
 namespace fsdpp::checkpoint {
@@ -120,6 +121,20 @@ State to_state(const StateDict& sd, const std::string& prefix = "");
 void save(const StateDict& sd, const std::string& dir, const SaveOptions& options = {});
 // Fills sd's tensors in place (then hand sd to load_state_dict / set_model_state_dict).
 void load(StateDict& sd, const std::string& dir, const LoadOptions& options = {});
+
+// Optimizer state dicts (<fsdpp/optim_state_dict.h>) as entries: prefix + "state.<param>.<name>"
+// (tensors as in the dict: whole or the rank's rows), prefix + "param_groups.<g>.params" (the
+// parameter keys joined by '\n') and prefix + "param_groups.<g>.options" (bytes: libtorch's
+// serialization of the group's options).
+State to_state(const OptimStateDict& osd, const std::string& prefix);
+struct Metadata;
+// The optimizer state dict to load what to_state(osd, prefix) saved into, for a fresh optimizer
+// (which has no state yet): for each parameter of `model_sd` (the model's SHARDED or FULL state
+// dict), every state entry the checkpoint records for it, allocated and sharded like the
+// parameter (whole when shaped otherwise, e.g. "step"), and the param groups as saved. Fill it
+// with load(to_state(result, prefix), ...), then hand it to set_optimizer_state_dict.
+OptimStateDict optim_state_dict_to_load(const Metadata& metadata, const StateDict& model_sd,
+                                        const std::string& prefix);
 
 // The metadata file, parsed (see docs/checkpoint-format.md).
 struct ChunkInfo {

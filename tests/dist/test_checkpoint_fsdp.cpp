@@ -9,6 +9,7 @@
 #include <fsdpp/checkpoint.h>
 #include <fsdpp/collectives.h>
 #include <fsdpp/fully_shard.h>
+#include <fsdpp/optim_state_dict.h>
 #include <fsdpp/state_dict.h>
 
 #include "dist/world_sizes.h"
@@ -100,6 +101,116 @@ TEST(CheckpointFsdp4Ranks, StateDictOverloadsReshard4To3) {
     barrier(ctx.world);
   });
 }
+
+// ---- resume from a checkpoint ----------------------------------------------------------------
+
+using FSDPSequential = FullyShardedDataParallel<torch::nn::SequentialImpl>;
+constexpr int64_t kBatch = 12;  // divisible by every world size
+
+// Linear(6, 10) as an inner unit, ReLU, Linear(10, 3) sharded by the root; or the plain model.
+torch::nn::Sequential plain_net() {
+  torch::manual_seed(0);
+  return torch::nn::Sequential(torch::nn::Linear(6, 10), torch::nn::ReLU(), torch::nn::Linear(10, 3));
+}
+FSDPSequential fsdp_net(const ProcessGroup& group) {
+  torch::manual_seed(0);
+  auto opts = FullyShardOptions().process_group(group);
+  torch::nn::Sequential net(FSDPLinear(torch::nn::Linear(6, 10), opts), torch::nn::ReLU(), torch::nn::Linear(10, 3));
+  return FSDPSequential(net, opts);
+}
+
+// One step on this rank's slice of global batch `step`; returns the local loss.
+template <typename Model>
+float train_step(Model& model, torch::optim::Optimizer& opt, int step, int rank, int n) {
+  torch::manual_seed(1000 + step);
+  at::Tensor x = torch::randn({kBatch, 6}), y = torch::randn({kBatch, 3});
+  const int64_t per = kBatch / n;
+  opt.zero_grad();
+  at::Tensor loss = torch::mse_loss(model->forward(x.slice(0, rank * per, (rank + 1) * per)),
+                                    y.slice(0, rank * per, (rank + 1) * per));
+  loss.backward();
+  opt.step();
+  return loss.item<float>();
+}
+
+struct Resume {
+  int save_world, load_world;
+};
+class CheckpointResume : public ::testing::TestWithParam<Resume> {};
+
+// Issue 6's resume test: Adam trains 3 steps at N ranks; the SHARDED model and optimizer state
+// dicts and the step go into one checkpoint; a fresh model and optimizer (another learning rate)
+// on M ranks load it and train 3 more steps. At M == N the losses and parameters equal the
+// uninterrupted run's bitwise; otherwise the parameters match single-process training of all
+// 6 steps within float32 tolerance (rtol 1.3e-6, atol 1e-5: the ranks sum gradients in another
+// order).
+TEST_P(CheckpointResume, ModelOptimizerAndStep) {
+  const auto [n, m] = GetParam();
+  testing::run_ranks(std::max(n, m), [n = n, m = m](RankContext& ctx) {
+    const std::string dir = ctx.temp_dir + "/ckpt";
+    std::vector<int> first_n, first_m;
+    for (int r = 0; r < n; ++r) first_n.push_back(r);
+    for (int r = 0; r < m; ++r) first_m.push_back(r);
+    ProcessGroup group_n = n == ctx.world_size ? ctx.world : ctx.world.new_group(first_n);
+    ProcessGroup group_m = m == ctx.world_size ? ctx.world : ctx.world.new_group(first_m);
+    std::vector<float> uninterrupted;
+    std::map<std::string, at::Tensor> uninterrupted_params;
+    if (ctx.rank < n) {
+      FSDPSequential straight = fsdp_net(group_n);
+      torch::optim::Adam straight_opt(straight->parameters(), torch::optim::AdamOptions(1e-2));
+      for (int step = 0; step < 6; ++step) uninterrupted.push_back(train_step(straight, straight_opt, step, ctx.rank, n));
+      for (const auto& [key, v] : get_model_state_dict(straight, StateDictOptions().full_state_dict(true)))
+        uninterrupted_params[key] = v.tensor().clone();
+
+      FSDPSequential model = fsdp_net(group_n);
+      torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+      for (int step = 0; step < 3; ++step) train_step(model, opt, step, ctx.rank, n);
+      ckpt::State state = ckpt::to_state(get_model_state_dict(model), "model.");
+      state.merge(ckpt::to_state(get_optimizer_state_dict(model, opt), "optim."));
+      state["step"] = int64_t{3};
+      ckpt::save(state, dir, ckpt::SaveOptions().process_group(group_n));
+    }
+    barrier(ctx.world);
+    if (ctx.rank < m) {
+      FSDPSequential model = fsdp_net(group_m);
+      torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.5));
+      StateDict model_sd = get_model_state_dict(model);
+      OptimStateDict osd = ckpt::optim_state_dict_to_load(ckpt::read_metadata(dir), model_sd, "optim.");
+      ckpt::State state = ckpt::to_state(model_sd, "model.");
+      state.merge(ckpt::to_state(osd, "optim."));
+      state["step"] = int64_t{0};
+      ckpt::load(state, dir);
+      set_model_state_dict(model, model_sd);
+      set_optimizer_state_dict(model, opt, osd);
+      EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 1e-2);
+      const int resumed_at = static_cast<int>(state["step"].to_int());
+      ASSERT_EQ(resumed_at, 3);
+      for (int step = resumed_at; step < 6; ++step) {
+        const float loss = train_step(model, opt, step, ctx.rank, m);
+        if (m == n) {
+          EXPECT_EQ(loss, uninterrupted[step]) << "step " << step;
+        }
+      }
+      auto plain = plain_net();
+      torch::optim::Adam plain_opt(plain->parameters(), torch::optim::AdamOptions(1e-2));
+      for (int step = 0; step < 6; ++step) train_step(plain, plain_opt, step, 0, 1);
+      auto plain_params = plain->named_parameters();
+      for (const auto& [key, v] : get_model_state_dict(model, StateDictOptions().full_state_dict(true))) {
+        if (m == n) {
+          EXPECT_TRUE(at::equal(v.tensor(), uninterrupted_params.at(key))) << key;
+        }
+        EXPECT_TRUE(at::allclose(v.tensor(), plain_params[key], 1.3e-6, 1e-5)) << key;
+      }
+    }
+    barrier(ctx.world);
+  });
+}
+INSTANTIATE_TEST_SUITE_P(, CheckpointResume,
+                         ::testing::Values(Resume{2, 2}, Resume{4, 4}, Resume{4, 2}, Resume{2, 3}, Resume{3, 1}),
+                         [](const ::testing::TestParamInfo<Resume>& info) {
+                           return "Save" + std::to_string(info.param.save_world) + "Load" +
+                                  std::to_string(info.param.load_world);
+                         });
 
 }  // namespace
 }  // namespace fsdpp
