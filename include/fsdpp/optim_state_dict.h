@@ -68,6 +68,22 @@ void set_optimizer_state_dict(const torch::nn::ModuleHolder<M>& model, torch::op
   set_optimizer_state_dict(*model.ptr(), optim, sd, options);
 }
 
+// Gives every parameter of `optim` without state the state its first step would create (zeros,
+// step 0; Adam/AdamW/RMSprop then step exactly as without it; SGD with dampening does not), so a
+// fresh optimizer's get_optimizer_state_dict is a complete template to load into in place, e.g.
+// with the distributed checkpoint:
+//   fsdpp::init_optimizer_state(opt);
+//   auto osd = fsdpp::get_optimizer_state_dict(*model, opt);       // SHARDED template
+//   auto flat = fsdpp::flatten_optimizer_state(osd);               // shares osd's tensors
+//   ... fill flat's tensors in place (checkpoint::load(flat, dir)) ...
+//   fsdpp::set_optimizer_state_dict(*model, opt, osd);
+void init_optimizer_state(torch::optim::Optimizer& optim);
+
+// The state entries as one StateDict keyed "state.<parameter key>.<entry>" (PyTorch's flattened
+// optimizer state dict keys), sharing osd's tensors and shards. Hyperparameters stay in
+// osd.param_groups.
+StateDict flatten_optimizer_state(const OptimStateDict& osd);
+
 // torch::save / torch::load of a FULL optimizer state dict (whole tensors only).
 void operator<<(torch::serialize::OutputArchive& archive, const OptimStateDict& sd);
 void operator>>(torch::serialize::InputArchive& archive, OptimStateDict& sd);

@@ -395,6 +395,54 @@ void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer&
   for (auto& [key, st] : states) optim.state()[key] = std::move(st);
 }
 
+void init_optimizer_state(torch::optim::Optimizer& optim) {
+  const Kind kind = kind_of(optim);
+  at::NoGradGuard no_grad;
+  for (auto& group : optim.param_groups()) {
+    const auto& o = group.options();
+    for (const auto& p : group.params()) {
+      const std::string key = detail::optimizer_state_key(p);
+      if (optim.state().count(key)) continue;
+      auto zeros = [&] { return at::zeros_like(p.detach(), at::MemoryFormat::Preserve); };
+      std::vector<at::Tensor> t(tensor_entry_names(kind).size());
+      switch (kind) {
+        case Kind::kSGD:
+          if (static_cast<const torch::optim::SGDOptions&>(o).momentum() == 0) continue;  // SGD keeps no state then
+          t[0] = zeros();
+          break;
+        case Kind::kAdam:
+        case Kind::kAdamW: {
+          const bool amsgrad = kind == Kind::kAdam ? static_cast<const torch::optim::AdamOptions&>(o).amsgrad()
+                                                   : static_cast<const torch::optim::AdamWOptions&>(o).amsgrad();
+          t[0] = zeros();
+          t[1] = zeros();
+          if (amsgrad) t[2] = zeros();
+          break;
+        }
+        case Kind::kAdagrad:
+          t[0] = at::full_like(p.detach(), static_cast<const torch::optim::AdagradOptions&>(o).initial_accumulator_value());
+          break;
+        case Kind::kRMSprop: {
+          const auto& r = static_cast<const torch::optim::RMSpropOptions&>(o);
+          t[0] = zeros();
+          if (r.momentum() > 0) t[1] = zeros();
+          if (r.centered()) t[2] = zeros();
+          break;
+        }
+      }
+      optim.state()[key] = make_state(kind, t, 0);
+    }
+  }
+}
+
+StateDict flatten_optimizer_state(const OptimStateDict& osd) {
+  StateDict flat;
+  flat.type = osd.type;
+  for (const auto& [key, entries] : osd.state)
+    for (const auto& [name, value] : entries) flat.insert("state." + key + "." + name, value);
+  return flat;
+}
+
 // ---- torch::save / torch::load --------------------------------------------------------------
 
 void operator<<(torch::serialize::OutputArchive& archive, const OptimStateDict& sd) {

@@ -663,6 +663,51 @@ TEST_P(FSDPStateDict, OptimStateDictFullAndSharded) {
   });
 }
 
+// A fresh optimizer's state, initialized, is a template a checkpoint load fills in place
+// through the flattened view; loading it continues training exactly as the original.
+TEST_P(FSDPStateDict, OptimStateDictInitAndFlattenForInPlaceLoad) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    Net net = make_net(Wrap::kNested);
+    torch::optim::Adam opt(net.module->parameters(), adam_options());
+    train_with(net, opt, 0, 2, ctx.rank, ctx.world_size);
+    const StateDict saved = flatten_optimizer_state(get_optimizer_state_dict(*net.module, opt));
+    StateDict model_sd = get_model_state_dict(*net.module);
+
+    Net twin = make_net(Wrap::kNested);
+    set_model_state_dict(*twin.module, model_sd);
+    torch::optim::Adam twin_opt(twin.module->parameters(), adam_options());
+    init_optimizer_state(twin_opt);
+    OptimStateDict osd = get_optimizer_state_dict(*twin.module, twin_opt);
+    EXPECT_EQ(osd.state.size(), kNetParamKeys.size());
+    StateDict flat = flatten_optimizer_state(osd);
+    EXPECT_EQ(flat.keys(), saved.keys());
+    EXPECT_NE(flat.find("state.3.weight.exp_avg"), nullptr);
+    // What checkpoint::load does: copy into the template's (local) tensors in place.
+    for (const auto& [key, value] : saved) {
+      const StateDictValue& into = flat.at(key);
+      if (value.is_tensor()) {
+        into.tensor().copy_(value.tensor());
+      } else {
+        ASSERT_EQ(into.sharded_tensor().local_shards().size(), value.sharded_tensor().local_shards().size()) << key;
+        for (size_t i = 0; i < value.sharded_tensor().local_shards().size(); ++i)
+          into.sharded_tensor().local_shards()[i].tensor.copy_(value.sharded_tensor().local_shards()[i].tensor);
+      }
+    }
+    set_optimizer_state_dict(*twin.module, twin_opt, osd);
+    train_with(net, opt, 2, 2, ctx.rank, ctx.world_size);
+    train_with(twin, twin_opt, 2, 2, ctx.rank, ctx.world_size);
+    expect_equal_values(full_values(*twin.module), full_values(*net.module), "resumed from the filled template");
+
+    // init_optimizer_state changes nothing for Adam: a fresh pair trains identically.
+    Net a = make_net(Wrap::kNested), b = make_net(Wrap::kNested);
+    torch::optim::Adam oa(a.module->parameters(), adam_options()), ob(b.module->parameters(), adam_options());
+    init_optimizer_state(ob);
+    train_with(a, oa, 0, 2, ctx.rank, ctx.world_size);
+    train_with(b, ob, 0, 2, ctx.rank, ctx.world_size);
+    expect_equal_values(full_values(*b.module), full_values(*a.module), "init_optimizer_state is neutral for Adam");
+  });
+}
+
 // Resume across world sizes: Adam trains 3 steps at N ranks, rank 0 saves the FULL model and
 // optimizer state dicts with torch::save, a fresh model on a fresh group of M ranks loads them
 // and trains 3 more steps; parameters match uninterrupted single-process training (float32
