@@ -102,6 +102,50 @@ TEST(CheckpointFsdp4Ranks, StateDictOverloadsReshard4To3) {
   });
 }
 
+// FSDP <-> plain model: an FSDP model's sharded checkpoint (3 ranks) loads into the plain
+// model (whole tensors, rank 0 alone), and the plain model's checkpoint, saved by rank 0 alone,
+// loads into a fresh FSDP model on all 3 ranks.
+TEST(CheckpointFsdp3Ranks, FsdpToPlainModelAndBack) {
+  testing::run_ranks(3, [](RankContext& ctx) {
+    const std::string from_fsdp = ctx.temp_dir + "/from_fsdp", from_plain = ctx.temp_dir + "/from_plain";
+    ProcessGroup rank0 = ctx.world.new_group({0});
+    torch::manual_seed(0);
+    FSDPLinear model(torch::nn::Linear(8, 5));
+    torch::manual_seed(7);
+    model->forward(torch::rand({4, 8})).sum().backward();
+    {
+      auto scope = state_dict_type(*model.ptr(), StateDictType::SHARDED_STATE_DICT);
+      ckpt::save(state_dict(model), from_fsdp);
+    }
+    const auto saved = full_values(model);
+    if (ctx.rank == 0) {
+      torch::manual_seed(3);
+      torch::nn::Linear plain(8, 5);
+      StateDict sd = get_model_state_dict(*plain.ptr());
+      ASSERT_TRUE(sd.at("weight").is_tensor());
+      ckpt::load(sd, from_fsdp);
+      set_model_state_dict(*plain.ptr(), sd);
+      EXPECT_TRUE(at::equal(plain->weight, saved.at("weight")));
+      EXPECT_TRUE(at::equal(plain->bias, saved.at("bias")));
+      torch::NoGradGuard no_grad;
+      plain->weight.mul_(2);
+      ckpt::save(get_model_state_dict(*plain.ptr()), from_plain, ckpt::SaveOptions().process_group(rank0));
+    }
+    barrier(ctx.world);
+    torch::manual_seed(9);
+    FSDPLinear fresh(torch::nn::Linear(8, 5));
+    {
+      auto scope = state_dict_type(*fresh.ptr(), StateDictType::SHARDED_STATE_DICT);
+      StateDict sd = state_dict(fresh);
+      ckpt::load(sd, from_plain);
+      load_state_dict(fresh, sd);
+    }
+    const auto loaded = full_values(fresh);
+    EXPECT_TRUE(at::equal(loaded.at("weight"), saved.at("weight") * 2));
+    EXPECT_TRUE(at::equal(loaded.at("bias"), saved.at("bias")));
+  });
+}
+
 // ---- resume from a checkpoint ----------------------------------------------------------------
 
 using FSDPSequential = FullyShardedDataParallel<torch::nn::SequentialImpl>;
