@@ -385,11 +385,16 @@ void write_and_commit(const Job& job) {
       outcome = "checkpoint::save to " + job.dir + " failed (the previous checkpoint there, if any, is untouched): " +
                 errors;
     } else {
+      bool written = false;
       try {
         maybe_pause_before_metadata();
         write_file_atomically(job.staging, kMetadataFile, metadata_to_json(build_metadata(job, all_sums)));
+        written = true;
         install(job.staging, job.dir);
       } catch (const std::exception& e) {
+        // Without metadata the staged files are of no use; once complete, they are kept (a
+        // failed rename leaves the new checkpoint at the staging path).
+        if (!written) remove_tree(job.staging);
         outcome = "checkpoint::save to " + job.dir + " failed: " + without_prefix(e.what());
       }
     }

@@ -532,6 +532,17 @@ TEST(Checkpoint, FsdppCkptTool) {
     }
     testing::run_command(testing::ckpt_tool() + " inspect " + ctx.temp_dir + " 2>/dev/null", status);
     EXPECT_EQ(status, 1);
+    testing::run_command(testing::ckpt_tool() + " frobnicate " + dir + " 2>/dev/null", status);
+    EXPECT_EQ(status, 2);
+    // A data file gone: verify names it, load names it.
+    fs::remove(dir + "/rank-00001.safetensors");
+    const std::string err =
+        testing::run_command(testing::ckpt_tool() + " verify " + dir + " 2>&1", status);
+    EXPECT_EQ(status, 1);
+    EXPECT_NE(err.find("cannot open " + dir + "/rank-00001.safetensors"), std::string::npos) << err;
+    ckpt::State again = state_for(ref, 1, 0, false);
+    EXPECT_NE(error_of([&] { ckpt::load(again, dir); }).find("cannot open " + dir + "/rank-00001.safetensors"),
+              std::string::npos);
   });
 }
 
