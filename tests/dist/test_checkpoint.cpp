@@ -102,6 +102,7 @@ ProcessGroup first_ranks(const RankContext& ctx, int n) {
 struct Reshard {
   int save_world, load_world;
 };
+void PrintTo(const Reshard& p, std::ostream* os) { *os << p.save_world << " -> " << p.load_world << " ranks"; }
 class CheckpointReshard : public ::testing::TestWithParam<Reshard> {};
 
 // Saved by the first S ranks, loaded by the first L with their own row chunks.

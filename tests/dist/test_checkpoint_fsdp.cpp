@@ -180,6 +180,7 @@ float train_step(Model& model, torch::optim::Optimizer& opt, int step, int rank,
 struct Resume {
   int save_world, load_world;
 };
+void PrintTo(const Resume& p, std::ostream* os) { *os << p.save_world << " -> " << p.load_world << " ranks"; }
 class CheckpointResume : public ::testing::TestWithParam<Resume> {};
 
 // Issue 6's resume test: Adam trains 3 steps at N ranks; the SHARDED model and optimizer state
