@@ -82,8 +82,6 @@ int main(int argc, char** argv) {
   at::Tensor targets = torch::randint(args.vocab_size, {local_batch, seq}, torch::kLong);
 
   // FSDP: every block a unit, then the root.
-  fsdpp::reset_peak_memory_stats();
-  const int64_t base = fsdpp::memory_stats().current_bytes;
   torch::manual_seed(0);
   auto model = fsdpp::fully_shard(
       Transformer(args), fsdpp::FullyShardOptions().auto_wrap_policy(fsdpp::ModuleWrapPolicy<TransformerBlockImpl>()));
@@ -93,9 +91,21 @@ int main(int argc, char** argv) {
     language_model_loss(model->forward(tokens), targets).backward();
     opt.step();
   };
-  fsdp_step();
   fsdp_step();  // Adam state exists from here on
-  const double fsdp_peak = fsdpp::memory_stats().peak_bytes - base;
+  // The peak of a training step (not of building the model, which is whole on every rank
+  // until it is sharded), counted from the tensors alive between steps.
+  fsdpp::reset_peak_memory_stats();
+  const int64_t base = fsdpp::memory_stats().current_bytes;
+  opt.zero_grad();
+  at::Tensor probe_loss = language_model_loss(model->forward(tokens), targets);
+  const double forward_peak = fsdpp::memory_stats().peak_bytes - base;
+  const double after_forward = fsdpp::memory_stats().current_bytes - base;
+  probe_loss.backward();
+  const double backward_peak = fsdpp::memory_stats().peak_bytes - base;
+  probe_loss = at::Tensor();
+  opt.step();
+  const double fsdp_peak = fsdpp::memory_stats().peak_bytes;
+  const double fsdp_transient = fsdp_peak - base;
   const double fsdp_state = state_bytes(model->parameters());
 
   // Wire bytes of one step vs the bound computed from the units' padded sizes.
@@ -122,8 +132,6 @@ int main(int argc, char** argv) {
   const double no_prefetch_time = median_step(fsdp_step, warmup, steps, &world);
 
   // DDP on the same slices.
-  fsdpp::reset_peak_memory_stats();
-  const int64_t ddp_base = fsdpp::memory_stats().current_bytes;
   torch::manual_seed(0);
   Transformer plain(args);
   fsdpp::DistributedDataParallel<fsdpp::examples::TransformerImpl> ddp(plain);
@@ -134,8 +142,12 @@ int main(int argc, char** argv) {
     ddp_opt.step();
   };
   ddp_step();
+  fsdpp::reset_peak_memory_stats();
+  const int64_t ddp_base = fsdpp::memory_stats().current_bytes;
   ddp_step();
-  const double ddp_peak = fsdpp::memory_stats().peak_bytes - ddp_base;
+  // What DDP alone holds at its peak: the FSDP model still alive here (`base`) is not counted.
+  const double ddp_peak = fsdpp::memory_stats().peak_bytes - base;
+  const double ddp_transient = fsdpp::memory_stats().peak_bytes - ddp_base;
   const double plain_state = state_bytes(plain->parameters());
   const double ddp_time = median_step(ddp_step, warmup, steps, &world);
 
@@ -165,6 +177,10 @@ int main(int argc, char** argv) {
                 mib(plain_state), fsdp_state / plain_state, 1.0 / n);
     std::printf("peak tensor memory of a step: FSDP %.3f MiB, DDP %.3f MiB (%.3f); 1/N of DDP + largest unit = %.3f MiB\n",
                 mib(fsdp_peak), mib(ddp_peak), fsdp_peak / ddp_peak, mib(ddp_peak / n + largest_unit));
+    std::printf("  above what is held between steps: FSDP %.3f MiB (largest unit %.3f MiB), DDP %.3f MiB\n",
+                mib(fsdp_transient), mib(largest_unit), mib(ddp_transient));
+    std::printf("  FSDP: peak in forward %.3f MiB, held after forward %.3f MiB, peak through backward %.3f MiB\n",
+                mib(forward_peak), mib(after_forward), mib(backward_peak));
     std::printf("step time (median): FSDP %.2f ms, FSDP without prefetch %.2f ms, DDP %.2f ms, single process %.2f ms\n",
                 fsdp_time * 1e3, no_prefetch_time * 1e3, ddp_time * 1e3, single_time * 1e3);
     std::printf("ratios: FSDP/DDP %.3f, FSDP no-prefetch/FSDP %.3f, FSDP/single %.3f\n", fsdp_time / ddp_time,

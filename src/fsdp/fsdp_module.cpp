@@ -14,7 +14,11 @@ ProcessGroup shard_group_of(const FullyShardOptions& options, const std::string&
     if (options.mesh_.ndim() != 1)
       throw Error("fully_shard of " + unit + ": a " + std::to_string(options.mesh_.ndim()) +
                   "-D mesh (HSDP) is not supported yet; pass a 1-D mesh");
-    return options.mesh_.get_group();
+    ProcessGroup mesh_group = options.mesh_.get_group();
+    if (options.process_group_.defined() && options.process_group_.ranks() != mesh_group.ranks())
+      throw Error("fully_shard of " + unit + ": the mesh's group (" + mesh_group.name() +
+                  ") and process_group (" + options.process_group_.name() + ") differ; pass one of them");
+    return mesh_group;
   }
   if (options.process_group_.defined()) return options.process_group_;
   return default_group();

@@ -1,6 +1,8 @@
 #include "fsdp/fsdp_param_group.h"
 
+#include <chrono>
 #include <functional>
+#include <thread>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -14,7 +16,16 @@
 
 namespace fsdpp::detail {
 
+FSDPTestingDelays& testing_delays() {
+  static FSDPTestingDelays delays;
+  return delays;
+}
+
 namespace {
+
+void sleep_ms(int ms) {
+  if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
 
 // The k-rank post-forward group of this rank: consecutive ranks of `group`. Every rank of
 // `group` creates all of them once (new_group is collective), in the same order.
@@ -155,6 +166,7 @@ void FSDPParamGroup::unshard(bool use_post_forward_shard) {
   // A reduce-scatter left in flight by a backward that was not the last one.
   finalize_backward();
   if (!use_post_forward_shard) drop_post_forward_shard();
+  sleep_ms(testing_delays().before_all_gather_ms);
   if (post_forward_shard_.defined()) {
     all_gather_output_ = at::empty({shard_numel_ * world_size_}, post_forward_shard_.options());
     all_gather_work_ = all_gather_into_tensor(all_gather_output_, post_forward_shard_, post_forward_group_,
@@ -297,10 +309,11 @@ bool FSDPParamGroup::post_backward() {
       if (n == 0) continue;
       by_rank[r].narrow(0, shard_offsets_[i], n * p.row_numel()).view({n, p.row_numel()}).copy_(rows.narrow(0, p.row_offset(r), n));
     }
+    grads[i] = at::Tensor();  // free each full gradient as soon as it is copied
   }
-  grads.clear();
   reshard();
   reduce_scatter_output_ = at::empty({shard_numel_}, sharded_flat_.options());
+  sleep_ms(testing_delays().before_reduce_scatter_ms);
   reduce_scatter_work_ = reduce_scatter_tensor(reduce_scatter_output_, reduce_scatter_input_, ReduceOp::AVG, group_,
                                                /*async_op=*/true);
   return true;

@@ -28,6 +28,15 @@
 
 namespace fsdpp::detail {
 
+// Sleeps the engine takes before issuing its collectives: tests set rank-dependent values
+// to shake out ordering assumptions (seed 001's delay_before_all_gather and
+// delay_before_reduce_scatter). Zero outside tests.
+struct FSDPTestingDelays {
+  int before_all_gather_ms = 0;
+  int before_reduce_scatter_ms = 0;
+};
+FSDPTestingDelays& testing_delays();
+
 class FSDPParamGroup {
  public:
   // post_forward_size: k of reshard_after_forward = k (0 or the group size: reshard fully).
@@ -68,6 +77,8 @@ class FSDPParamGroup {
   // Waits for the reduce-scatter and writes (or adds) each parameter's gradient shard.
   void finalize_backward();
   bool reduce_scatter_in_flight() const { return reduce_scatter_output_.defined(); }
+  // In flight and finished on the wire: finalize_backward() will not block.
+  bool reduce_scatter_done() const { return reduce_scatter_output_.defined() && reduce_scatter_work_.is_completed(); }
 
   // Off: post_backward keeps the full gradients (summed over backwards) instead of
   // reduce-scattering them; the next post_backward with it on reduces the sum.

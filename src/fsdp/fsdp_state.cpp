@@ -216,6 +216,12 @@ void FSDPState::post_backward() {
   ran_post_backward_ = true;
   training_state_ = TrainingState::kPostBackward;
   if (group_) group_->post_backward();
+  // Reduce-scatters that already finished free their buffers now rather than at the end of
+  // backward, so backward's memory does not grow with the number of units.
+  if (auto root = root_.lock())
+    for (auto& w : root->tree_)
+      if (auto s = w.lock())
+        if (s->group_ && s->group_->reduce_scatter_done()) s->group_->finalize_backward();
 }
 
 void FSDPState::queue_final_callback() {

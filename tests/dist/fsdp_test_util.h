@@ -12,6 +12,7 @@
 #include <fsdpp/fully_shard.h>
 
 #include "dist/world_sizes.h"
+#include "fsdp/fsdp_param_group.h"
 #include "harness/multi_process.h"
 
 namespace fsdpp {
@@ -89,7 +90,9 @@ inline void expect_close(const at::Tensor& actual, const at::Tensor& expected, c
 
 struct ParityCase {
   Optim optim = Optim::kAdam;
-  bool delay = false;  // rank-dependent sleeps after forward and before the optimizer step
+  // Rank-dependent sleeps before every all-gather and reduce-scatter, after forward and
+  // before the optimizer step (seed 001's four delay_* options at once).
+  bool delay = false;
   int steps = 10;
   at::ScalarType dtype = at::kFloat;
 };
@@ -112,6 +115,14 @@ void check_train_parity(RankContext& ctx, torch::nn::Module& ref, RefForward&& r
   }
   auto ref_opt = make_optimizer(c.optim, ref_params);
   auto opt = make_optimizer(c.optim, fsdp_params);  // built after sharding: holds the shards
+  struct DelayGuard {
+    explicit DelayGuard(bool on, int rank, int n) {
+      if (!on) return;
+      detail::testing_delays().before_all_gather_ms = 2 * rank;
+      detail::testing_delays().before_reduce_scatter_ms = 2 * (n - 1 - rank);
+    }
+    ~DelayGuard() { detail::testing_delays() = {}; }
+  } delays(c.delay, rank, n);
   const int64_t local = kGlobalBatch / n;
   for (int step = 0; step < c.steps; ++step) {
     const std::string where = label + " " + name_of(c.optim) + " step " + std::to_string(step);

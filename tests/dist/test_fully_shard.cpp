@@ -17,12 +17,14 @@
 
 #include <fsdpp/collectives.h>
 #include <fsdpp/comm_debug_mode.h>
+#include <fsdpp/device_mesh.h>
 #include <fsdpp/error.h>
 #include <fsdpp/fully_shard.h>
 #include <fsdpp/memory.h>
 
 #include "dist/fsdp_test_util.h"
 #include "dist/world_sizes.h"
+#include "harness/error_of.h"
 #include "harness/multi_process.h"
 
 namespace fsdpp {
@@ -778,6 +780,31 @@ TEST_P(FullyShardBadInput, ModelsThatDifferAcrossRanks) {
     // The group stays usable.
     FSDPLinear same(Linear(5, 3));
     EXPECT_EQ(same->forward(torch::randn({2, 5})).sizes(), (std::vector<int64_t>{2, 3}));
+  });
+}
+
+// A mesh that does not match the group: options naming two different groups, or a 2-D mesh.
+TEST_P(FullyShardBadInput, MeshThatDoesNotMatchTheGroup) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size;
+    DeviceMesh mesh = init_device_mesh(ctx.world, {n}, {"shard"});
+    std::vector<int> first{0};
+    ProcessGroup only_rank0 = ctx.world.new_group(first);
+    if (n > 1) {
+      std::string error = testing::error_of(
+          [&] { FSDPLinear(Linear(3, 4), FullyShardOptions().mesh(mesh).process_group(only_rank0)); });
+      EXPECT_NE(error.find("the mesh's group (" + mesh.get_group().name() + ") and process_group (" + only_rank0.name() + ") differ"),
+                std::string::npos)
+          << error;
+    }
+    if (n == 4) {
+      DeviceMesh two_d = init_device_mesh(ctx.world, {2, 2}, {"replicate", "shard"});
+      std::string error = testing::error_of([&] { FSDPLinear(Linear(3, 4), FullyShardOptions().mesh(two_d)); });
+      EXPECT_NE(error.find("a 2-D mesh (HSDP) is not supported yet"), std::string::npos) << error;
+    }
+    // A matching pair is fine.
+    FSDPLinear ok(Linear(3, 4), FullyShardOptions().mesh(mesh).process_group(ctx.world));
+    EXPECT_EQ(ok->forward(torch::randn({2, 3})).sizes(), (std::vector<int64_t>{2, 4}));
   });
 }
 
