@@ -280,10 +280,19 @@ void Reducer::mark_ready(size_t index) {
   {
     torch::NoGradGuard no_grad;
     at::Tensor& grad = p.tensor.mutable_grad();
+    // Without a comm hook the bucket is summed over ranks: scale by 1/N while copying in (as
+    // PyTorch's reducer does), which keeps the division off the end of backward.
+    const bool scale = !comm_hook_ && group_.size() > 1;
     if (!grad.defined()) {
       view.zero_();
-    } else if (!is_bucket_view(grad, view)) {
-      view.copy_(grad);
+    } else if (is_bucket_view(grad, view)) {
+      if (scale) view.mul_(1.0 / group_.size());
+    } else {
+      if (scale) {
+        at::Tensor out = view;
+        at::mul_out(out, grad, at::scalar_tensor(1.0 / group_.size(), grad.options()));
+      } else
+        view.copy_(grad);
       if (options_.gradient_as_bucket_view_) grad = view;
     }
   }
@@ -298,7 +307,7 @@ void Reducer::launch_ready_buckets() {
     if (comm_hook_)
       bucket.work = comm_hook_(bucket.grad_bucket);
     else
-      bucket.work = all_reduce(bucket.grad_bucket.buffer_, ReduceOp::AVG, group_, /*async_op=*/true);
+      bucket.work = all_reduce(bucket.grad_bucket.buffer_, ReduceOp::SUM, group_, /*async_op=*/true);  // scaled in mark_ready
   }
 }
 
