@@ -1,7 +1,7 @@
 // Distributed checkpoint throughput and training stall (issue 6), one run per N under fsdpp-run.
 // The model is the FSDP transformer of examples/transformer.h (every block a unit), its
 // SHARDED model state dict saved as the checkpoint (no optimizer state). Measured:
-//  - sync save: seconds and MiB/s per rank (bytes of this rank's data file / seconds; save
+//  - sync save (--reps times; the median and range are printed): seconds and MiB/s per rank (bytes of this rank's data file / seconds; save
 //    includes the fsync of the data file and, on rank 0, the metadata and the rename) and
 //    aggregate (all bytes / the slowest rank's seconds);
 //  - load into the same sharding (page cache dropped first when --drop-caches can, then again
@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   args.max_seq_len = 16;
   args.n_heads = 8;
   int64_t local_batch = 1;
-  int steps = 3, max_async_steps = 12;
+  int steps = 3, max_async_steps = 12, reps = 3;
   std::string dir, keep, reshard_from;
   bool want_drop = false;
   app.add_option("--layers", args.n_layers);
@@ -141,6 +141,7 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", args.vocab_size);
   app.add_option("--local-batch", local_batch);
   app.add_option("--steps", steps, "steps timed for the baseline step time");
+  app.add_option("--reps", reps, "sync saves and cold loads timed (the first save goes to --keep)");
   app.add_option("--max-async-steps", max_async_steps, "at most this many steps while an async save writes");
   app.add_option("--dir", dir, "scratch directory for the checkpoints of this run")->required();
   app.add_option("--keep", keep, "save the initial model here too (for a later --reshard-from)");
@@ -182,10 +183,19 @@ int main(int argc, char** argv) {
       static_cast<long long>(args.vocab_size), initial.size(), mib(total_bytes), mib(my_bytes), build_s);
   say("RESULT n=%d total_mib=%.2f\n", n, mib(total_bytes));
 
-  // ---- sync save throughput: twice (the first to --keep), from a quiet page cache --------------
+  // The median of a few repetitions and their range: this disk and machine are noisy.
+  auto summary = [&](const char* what, const char* key, std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    say("%s, median of %zu: %.0f MiB/s (range %.0f-%.0f)\n", what, v.size(), v[v.size() / 2], v.front(), v.back());
+    say("RESULT n=%d %s_median_mibps=%.1f %s_min_mibps=%.1f %s_max_mibps=%.1f\n", n, key, v[v.size() / 2], key,
+        v.front(), key, v.back());
+  };
+
+  // ---- sync save throughput: the first to --keep, from a quiet page cache -----------------------
   if (rank == 0) ::sync();
-  for (int rep = 0; rep < 2; ++rep) {
-    const std::string target = rep == 0 ? keep : dir + "/sync";
+  std::vector<double> save_rank0, save_aggregate;
+  for (int rep = 0; rep < reps; ++rep) {
+    const std::string target = rep == 0 ? keep : dir + "/sync" + std::to_string(rep);
     fsdpp::barrier(world);
     start = Clock::now();
     ckpt::save(initial, target);
@@ -195,14 +205,19 @@ int main(int argc, char** argv) {
     say("sync save %d: slowest rank %.3f s; per rank MiB/s:", rep + 1, max_of(times));
     for (int r = 0; r < n; ++r) say(" %.0f", mib(bytes[r]) / times[r]);
     say("; aggregate %.0f MiB/s (%.1f MiB written)\n", mib(sum_of(bytes)) / max_of(times), mib(sum_of(bytes)));
+    save_rank0.push_back(mib(bytes[0]) / times[0]);
+    save_aggregate.push_back(mib(sum_of(bytes)) / max_of(times));
     say("RESULT n=%d save%d_s=%.4f save%d_rank0_mibps=%.1f save%d_min_rank_mibps=%.1f save%d_aggregate_mibps=%.1f\n",
         n, rep + 1, max_of(times), rep + 1, mib(bytes[0]) / times[0], rep + 1,
         [&] { double m = 1e30; for (int r = 0; r < n; ++r) if (bytes[r] > 0) m = std::min(m, mib(bytes[r]) / times[r]); return m; }(),
         rep + 1, mib(sum_of(bytes)) / max_of(times));
+    if (rep >= 2 && rank == 0) std::filesystem::remove_all(target);  // keep one copy to load from
   }
+  summary("sync save, rank 0 MiB/s", "save_rank0", save_rank0);
+  summary("sync save, aggregate MiB/s", "save_aggregate", save_aggregate);
 
   // ---- load throughput --------------------------------------------------------------------------
-  auto timed_load = [&](const std::string& from, const char* label, bool cold, const ckpt::LoadOptions& options) {
+  auto timed_load = [&](const std::string& from, const char* label, bool cold, const ckpt::LoadOptions& options) -> std::pair<double, double> {
     bool dropped = false;
     if (cold && want_drop) dropped = drop_caches(world);
     ckpt::State target = blank_like(initial);
@@ -221,9 +236,18 @@ int main(int argc, char** argv) {
         n, label, cold ? "cold" : "warm", max_of(times), label, cold ? "cold" : "warm", mib(my_bytes) / times[0], label,
         cold ? "cold" : "warm", mib(total_bytes) / max_of(times), label, cold ? "cold" : "warm", ok ? 1 : 0);
     if (!ok) throw fsdpp::Error("bench_checkpoint: the loaded tensors differ from the saved ones");
+    return {mib(rank_bytes[0]) / times[0], mib(total_bytes) / max_of(times)};
   };
-  timed_load(dir + "/sync", "same", /*cold=*/true, ckpt::LoadOptions());
-  timed_load(dir + "/sync", "same", /*cold=*/false, ckpt::LoadOptions());
+  const std::string saved = dir + "/sync1";
+  std::vector<double> load_rank0, load_aggregate;
+  for (int rep = 0; rep < std::max(1, reps - 1); ++rep) {
+    const auto [r0, agg] = timed_load(saved, "same", /*cold=*/true, ckpt::LoadOptions());
+    load_rank0.push_back(r0);
+    load_aggregate.push_back(agg);
+  }
+  summary("cold load, rank 0 MiB/s", "load_rank0", load_rank0);
+  summary("cold load, aggregate MiB/s", "load_aggregate", load_aggregate);
+  timed_load(saved, "same", /*cold=*/false, ckpt::LoadOptions());
   if (!reshard_from.empty()) {
     const int from_n = ckpt::read_metadata(reshard_from).world_size;
     say("resharded load from N=%d (%s), verify off (only the rows needed are read):\n", from_n, reshard_from.c_str());
@@ -235,7 +259,7 @@ int main(int argc, char** argv) {
     ckpt::State s = ckpt::to_state(sd, "model.");
     fsdpp::barrier(world);
     const auto t0 = Clock::now();
-    ckpt::load(s, dir + "/sync");
+    ckpt::load(s, saved);
     const double t_load = seconds_since(t0);
     const auto t1 = Clock::now();
     fsdpp::set_model_state_dict(model, sd);
@@ -261,7 +285,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < steps; ++i) base.push_back(max_of(gather(timed_step(), world)));
   std::sort(base.begin(), base.end());
   const double base_step = base[base.size() / 2];
-  say("training step (slowest rank), median of %d: %.3f s\n", steps, base_step);
+  say("training step (slowest rank), median of %d: %.3f s (range %.3f-%.3f)\n", steps, base_step, base.front(), base.back());
   say("RESULT n=%d step_s=%.4f\n", n, base_step);
 
   // A sync save between two steps: the training stalls for the state dict plus the save.
@@ -309,11 +333,24 @@ int main(int argc, char** argv) {
       "%.3f s from the call until wait() returned\n",
       async_call, async_sd, async_call - async_sd, sync_stall, during.size(), during_mean, base_step, extra, t_wait,
       t_total);
-  say("async training stall (call + extra step time + wait) %.3f s vs sync save %.3f s\n",
-      async_call + extra + t_wait, sync_stall);
+  say("training blocked by the save: async %.3f s (call + wait) vs sync %.3f s; the steps overlapping the write "
+      "took %+.3f s vs the median step (the baseline steps spread over %.3f s)\n",
+      async_call + t_wait, sync_stall, extra, base.back() - base.front());
   say("RESULT n=%d async_call_s=%.4f async_steps=%zu async_step_mean_s=%.4f async_extra_s=%.4f async_wait_s=%.4f "
-      "async_total_s=%.4f async_stall_s=%.4f\n",
-      n, async_call, during.size(), during_mean, extra, t_wait, t_total, async_call + extra + t_wait);
+      "async_total_s=%.4f async_blocked_s=%.4f\n",
+      n, async_call, during.size(), during_mean, extra, t_wait, t_total, async_call + t_wait);
+  // The writer's own duration: the steps above end on a step boundary, so time an async save
+  // whose caller waits right away (nothing else runs).
+  if (rank == 0) ::sync();
+  fsdpp::barrier(world);
+  start = Clock::now();
+  ckpt::SaveHandle idle = ckpt::async_save(initial, dir + "/async-idle");
+  const double idle_call = max_of(gather(seconds_since(start), world));
+  idle.wait();
+  const double idle_total = max_of(gather(seconds_since(start), world));
+  say("async save waited on at once: call %.3f s, wait() returned after %.3f s in all (%.0f MiB/s aggregate) "
+      "vs sync save %.3f s\n", idle_call, idle_total, mib(total_bytes) / idle_total, sync_stall - sync_sd);
+  say("RESULT n=%d async_idle_call_s=%.4f async_idle_total_s=%.4f\n", n, idle_call, idle_total);
   // Steps after the async save finished, to see the baseline is back (the machine is shared).
   std::vector<double> after;
   for (int i = 0; i < steps; ++i) after.push_back(max_of(gather(timed_step(), world)));
