@@ -3,7 +3,7 @@
 # bench_checkpoint at N = 1, 2, 4 (sync save, load cold and warm, a load resharded from the
 # previous N's checkpoint: 1 -> 2 and 2 -> 4, the training stall of sync vs async save), then
 # dd again to show how much the disk drifted during the run. Temp dirs under /tmp are removed.
-# Usage: bench/run_checkpoint_bench.sh [build-dir]   (about 3 minutes on 2 cores)
+# Usage: bench/run_checkpoint_bench.sh [build-dir]   (1.5 min on a quiet 2-core machine, 2.5 with other jobs)
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../build}
