@@ -8,6 +8,7 @@
 
 #include <fsdpp/checkpoint.h>
 #include <fsdpp/collectives.h>
+#include <fsdpp/distributed_data_parallel.h>
 #include <fsdpp/fully_shard.h>
 #include <fsdpp/optim_state_dict.h>
 #include <fsdpp/state_dict.h>
@@ -143,6 +144,53 @@ TEST(CheckpointFsdp3Ranks, FsdpToPlainModelAndBack) {
     const auto loaded = full_values(fresh);
     EXPECT_TRUE(at::equal(loaded.at("weight"), saved.at("weight") * 2));
     EXPECT_TRUE(at::equal(loaded.at("bias"), saved.at("bias")));
+  });
+}
+
+// FSDP <-> DDP: fsdpp's DDP wraps the model in place (no "module." prefix), so a DDP-trained
+// model's state dict is the plain model's, replicated on every rank (written once). A DDP
+// checkpoint loads into FSDP on 2 ranks, and an FSDP checkpoint into a DDP model that then
+// trains on: both equal the source model's values.
+TEST(CheckpointFsdp2Ranks, DdpToFsdpAndBack) {
+  testing::run_ranks(2, [](RankContext& ctx) {
+    const std::string from_ddp = ctx.temp_dir + "/from_ddp", from_fsdp = ctx.temp_dir + "/from_fsdp";
+    torch::manual_seed(0);
+    torch::nn::Linear plain(8, 5);
+    DistributedDataParallel<torch::nn::LinearImpl> ddp(plain);
+    torch::optim::SGD opt(plain->parameters(), 0.1);
+    torch::manual_seed(7 + ctx.rank);  // each rank its own batch; DDP averages the gradients
+    ddp.forward(torch::rand({4, 8})).sum().backward();
+    opt.step();
+    ckpt::save(get_model_state_dict(*plain.ptr()), from_ddp);
+    torch::manual_seed(9);
+    FSDPLinear fsdp(torch::nn::Linear(8, 5));
+    {
+      auto scope = state_dict_type(*fsdp.ptr(), StateDictType::SHARDED_STATE_DICT);
+      StateDict sd = state_dict(fsdp);
+      ckpt::load(sd, from_ddp);
+      load_state_dict(fsdp, sd);
+    }
+    auto loaded = full_values(fsdp);
+    EXPECT_TRUE(at::equal(loaded.at("weight"), plain->weight.detach()));
+    EXPECT_TRUE(at::equal(loaded.at("bias"), plain->bias.detach()));
+
+    torch::manual_seed(11);
+    fsdp->forward(torch::rand({4, 8})).sum().backward();
+    {
+      auto scope = state_dict_type(*fsdp.ptr(), StateDictType::SHARDED_STATE_DICT);
+      ckpt::save(state_dict(fsdp), from_fsdp);
+    }
+    const auto saved = full_values(fsdp);
+    torch::manual_seed(13);
+    torch::nn::Linear plain2(8, 5);
+    DistributedDataParallel<torch::nn::LinearImpl> ddp2(plain2);
+    StateDict sd = get_model_state_dict(*plain2.ptr());
+    ckpt::load(sd, from_fsdp);
+    set_model_state_dict(*plain2.ptr(), sd);
+    EXPECT_TRUE(at::equal(plain2->weight.detach(), saved.at("weight")));
+    EXPECT_TRUE(at::equal(plain2->bias.detach(), saved.at("bias")));
+    ddp2.forward(torch::rand({4, 8})).sum().backward();  // DDP trains on from the loaded values
+    EXPECT_EQ(plain2->weight.grad().sizes(), (std::vector<int64_t>{5, 8}));
   });
 }
 
