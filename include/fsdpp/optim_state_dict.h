@@ -38,6 +38,8 @@ struct OptimStateDict {
     // target optimizer's options type).
     std::shared_ptr<torch::optim::OptimizerOptions> options;
     std::string options_bytes;
+    // The hyperparameters as libtorch's serialized bytes, from whichever of the two is set.
+    std::string serialized_options() const;
   };
   // Parameter key -> its state entries. Parameters without state (not stepped yet) are absent.
   std::map<std::string, StateDict> state;

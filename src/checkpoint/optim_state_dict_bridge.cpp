@@ -2,7 +2,6 @@
 // a fresh optimizer loads them into.
 #include <sstream>
 
-#include <torch/serialize/output-archive.h>
 
 #include <fsdpp/checkpoint.h>
 #include <fsdpp/error.h>
@@ -14,14 +13,6 @@
 namespace fsdpp::checkpoint {
 
 namespace {
-
-std::string options_to_bytes(const torch::optim::OptimizerOptions& options) {
-  torch::serialize::OutputArchive archive;
-  options.serialize(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
 
 std::string group_key(const std::string& prefix, size_t g, const char* what) {
   return prefix + "param_groups." + std::to_string(g) + "." + what;
@@ -41,7 +32,7 @@ State to_state(const OptimStateDict& osd, const std::string& prefix) {
     for (size_t i = 0; i < group.params.size(); ++i) params += (i ? "\n" : "") + group.params[i];
     state.emplace(group_key(prefix, g, "params"), Entry(params));
     state.emplace(group_key(prefix, g, "options"),
-                  Entry::bytes(group.options ? options_to_bytes(*group.options) : group.options_bytes));
+                  Entry::bytes(group.serialized_options()));
   }
   return state;
 }

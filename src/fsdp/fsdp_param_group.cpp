@@ -79,15 +79,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> p
     unsharded_offsets_.push_back(shard_numel_ * world_size_);
     shard_numel_ += p.padded_chunk_numel();
   }
-  auto options = first.options().requires_grad(false);
-  sharded_flat_ = at::zeros({shard_numel_}, options);
-  unsharded_flat_ = at::empty({shard_numel_ * world_size_}, options);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto& p = params_[i];
-    p.init_sharded(sharded_flat_.narrow(0, shard_offsets_[i], p.padded_chunk_numel()));
-    p.init_unsharded(unsharded_flat_.narrow(0, unsharded_offsets_[i], p.padded_chunk_numel() * world_size_));
-  }
-  free_unsharded();
+  bind_flat_buffers(first.options().requires_grad(false), /*initial=*/true);
 }
 
 FSDPParamGroup::~FSDPParamGroup() {
@@ -116,6 +108,21 @@ void FSDPParamGroup::check_same_on_all_ranks() {
                 " of group " + group_.name() + " has " + description + "build the same model on every rank");
 }
 
+void FSDPParamGroup::bind_flat_buffers(const at::TensorOptions& options, bool initial) {
+  sharded_flat_ = at::zeros({shard_numel_}, options);
+  unsharded_flat_ = at::empty({shard_numel_ * world_size_}, options);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i];
+    at::Tensor chunk = sharded_flat_.narrow(0, shard_offsets_[i], p.padded_chunk_numel());
+    if (initial)
+      p.init_sharded(chunk);
+    else
+      p.rebind_sharded(chunk);
+    p.init_unsharded(unsharded_flat_.narrow(0, unsharded_offsets_[i], p.padded_chunk_numel() * world_size_));
+  }
+  free_unsharded();
+}
+
 void FSDPParamGroup::handle_dtype_change() {
   bool changed = false;
   for (const auto& p : params_) changed = changed || p.dtype_changed();
@@ -128,17 +135,9 @@ void FSDPParamGroup::handle_dtype_change() {
                   std::string(c10::toString(dtype)) + "; one unit needs one dtype");
   if (reduce_scatter_output_.defined() || all_gather_output_.defined())
     throw Error("FSDP unit " + unit_name_ + ": parameters were cast while a collective was in flight");
-  auto options = sharded_flat_.options().dtype(dtype);
-  sharded_flat_ = at::zeros({shard_numel_}, options);
-  unsharded_flat_ = at::empty({shard_numel_ * world_size_}, options);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto& p = params_[i];
-    p.rebind_sharded(sharded_flat_.narrow(0, shard_offsets_[i], p.padded_chunk_numel()));
-    p.init_unsharded(unsharded_flat_.narrow(0, unsharded_offsets_[i], p.padded_chunk_numel() * world_size_));
-  }
+  bind_flat_buffers(sharded_flat_.options().dtype(dtype), /*initial=*/false);
   for (auto& g : accumulated_grads_)
     if (g.defined()) g = g.to(dtype);
-  free_unsharded();
 }
 
 void FSDPParamGroup::allocate_unsharded() {
@@ -298,11 +297,16 @@ bool FSDPParamGroup::post_backward() {
     reshard();
     return false;
   }
-  reduce_scatter_input_ = at::zeros({world_size_ * shard_numel_}, sharded_flat_.options());
+  // No memset of the whole input: padding rows only reach padding outputs, which every rank
+  // discards; a parameter without a gradient here must still add zeros to the others' sum.
+  reduce_scatter_input_ = at::empty({world_size_ * shard_numel_}, sharded_flat_.options());
   at::Tensor by_rank = reduce_scatter_input_.view({world_size_, shard_numel_});
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!had_grad_[i]) continue;
     const auto& p = params_[i];
+    if (!had_grad_[i]) {
+      by_rank.narrow(1, shard_offsets_[i], p.padded_chunk_numel()).zero_();
+      continue;
+    }
     at::Tensor rows = grads[i].reshape({p.dim0(), p.row_numel()});
     for (int r = 0; r < world_size_; ++r) {
       const int64_t n = p.rows_of(r);

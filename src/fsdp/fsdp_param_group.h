@@ -96,6 +96,9 @@ class FSDPParamGroup {
   void handle_dtype_change();
   // Throws if the ranks' parameters (names, shapes, dtypes) of this unit differ.
   void check_same_on_all_ranks();
+  // New flat sharded and unsharded buffers with `options`, the parameters bound to them
+  // (initial: their current full values are sharded; else their shards move over).
+  void bind_flat_buffers(const at::TensorOptions& options, bool initial);
   void allocate_unsharded();
   void free_unsharded();
   void drop_post_forward_shard();

@@ -167,15 +167,16 @@ const ParamInfo& info_of(const std::unordered_map<const c10::TensorImpl*, ParamI
 
 const ProcessGroup& group_of(const detail::ModelEntry& e) { return e.unit->fsdp_state()->param_group()->process_group(); }
 
-std::string options_to_bytes(const torch::optim::OptimizerOptions& options) {
+}  // namespace
+
+std::string OptimStateDict::ParamGroup::serialized_options() const {
+  if (!options) return options_bytes;
   torch::serialize::OutputArchive archive;
-  options.serialize(archive);
+  options->serialize(archive);
   std::ostringstream out;
   archive.save_to(out);
   return out.str();
 }
-
-}  // namespace
 
 OptimStateDict get_optimizer_state_dict(torch::nn::Module& model, const torch::optim::Optimizer& optim,
                                         const StateDictOptions& options) {
@@ -466,7 +467,7 @@ void operator<<(torch::serialize::OutputArchive& archive, const OptimStateDict& 
     c10::List<std::string> params;
     for (const auto& p : group.params) params.push_back(p);
     sub.write("params", c10::IValue(params));
-    const std::string bytes = group.options ? options_to_bytes(*group.options) : group.options_bytes;
+    const std::string bytes = group.serialized_options();
     at::Tensor blob = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
     std::memcpy(blob.data_ptr(), bytes.data(), bytes.size());
     sub.write("options", blob);
