@@ -4,4 +4,6 @@ set -eu
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
-cd build && ctest --output-on-failure -j2
+build=${FSDPP_BUILD_DIR:-build}
+echo "run-tests: $(scripts/describe-platform.sh)"
+cd "$build" && ctest --output-on-failure -j2

@@ -176,22 +176,18 @@ void wait_for_members(const detail::ProcessGroupImpl& g, const c10::intrusive_pt
 }
 
 // Connects this process to the other members through a Gloo process group.
-c10::intrusive_ptr<c10d::ProcessGroup> connect(const detail::ProcessGroupImpl& g, bool local_only) {
+void connect(detail::ProcessGroupImpl& g, bool local_only) {
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("fsdpp/" + g.name + "/", g.store);
   wait_for_members(g, prefixed, "arrived");
-  auto options = c10d::ProcessGroupGloo::Options::create(g.timeout);
-  options->devices.push_back(gloo_device(local_only));
-  options->threads = 1;  // the comm thread already serializes a group's collectives
-  c10::intrusive_ptr<c10d::ProcessGroup> backend;
   try {
-    backend = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, g.rank, g.size(), options);
+    g.backend = compat::make_gloo_backend(prefixed, g.rank, g.size(), g.timeout, gloo_device(local_only));
   } catch (const std::exception& e) {
     throw Error("connecting " + g.where() + " with ranks " + list_ranks(g.ranks) + " failed: " + e.what());
   }
   // As PyTorch's store-based barrier: nobody leaves before everyone is connected, or a rank
   // that finishes early would close connections a peer is still setting up.
   wait_for_members(g, prefixed, "connected");
-  return backend;
+  g.c10d_group = compat::as_process_group(g.backend, prefixed);
 }
 
 }  // namespace
@@ -209,6 +205,20 @@ const ProcessGroupImpl& member_group(const ProcessGroup& group, const char* coll
     throw Error(std::string(collective) + ": global rank " + std::to_string(g.global_rank) +
                 " is not a member of group " + g.name + " " + list_ranks(g.ranks));
   return g;
+}
+
+ProcessGroup consecutive_subgroup(const ProcessGroup& group, int k) {
+  const ProcessGroupImpl& g = group.impl();
+  std::lock_guard<std::mutex> lock(g.subgroups_mutex);
+  auto it = g.consecutive_subgroups.find(k);
+  if (it != g.consecutive_subgroups.end()) return it->second;
+  ProcessGroup mine;
+  for (int first = 0; first < g.size(); first += k) {
+    std::vector<int> ranks(g.ranks.begin() + first, g.ranks.begin() + std::min(first + k, g.size()));
+    ProcessGroup sub = group.new_group(ranks);
+    if (sub.is_member()) mine = sub;
+  }
+  return g.consecutive_subgroups[k] = mine;
 }
 
 }  // namespace detail
@@ -230,7 +240,7 @@ const std::vector<int>& ProcessGroup::ranks() const { return impl().ranks; }
 std::chrono::milliseconds ProcessGroup::timeout() const { return impl().timeout; }
 bool ProcessGroup::check_collectives() const { return impl().check_collectives; }
 const std::string& ProcessGroup::name() const { return impl().name; }
-c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroup::backend() const { return impl().backend; }
+c10::intrusive_ptr<c10d::ProcessGroup> ProcessGroup::backend() const { return impl().c10d_group; }
 
 int ProcessGroup::group_rank(int global) const {
   const auto& r = impl().ranks;
@@ -269,7 +279,7 @@ ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
   auto me = std::find(sorted.begin(), sorted.end(), parent.global_rank);
   if (me != sorted.end()) {
     child->rank = static_cast<int>(me - sorted.begin());
-    child->backend = connect(*child, /*local_only=*/false);
+    connect(*child, /*local_only=*/false);
     child->comm_thread = std::make_unique<detail::CommThread>();
   }
   return ProcessGroup(std::move(child));
@@ -292,7 +302,7 @@ ProcessGroup init_process_group(const InitProcessGroupOptions& options) {
   g->timeout = options.timeout_;
   g->check_collectives = check_collectives_from(options.check_collectives_);
   g->store->setTimeout(options.timeout_);
-  g->backend = connect(*g, r.local_only);
+  connect(*g, r.local_only);
   g->comm_thread = std::make_unique<detail::CommThread>();
   std::lock_guard<std::mutex> lock(g_default_mutex);
   g_default_group = g;

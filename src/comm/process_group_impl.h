@@ -2,15 +2,19 @@
 // What a ProcessGroup handle points to. Private to fsdpp.
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <fsdpp/process_group.h>
+
 #include "comm/comm_thread.h"
+#include "compat/c10d_backend.h"
 
 namespace fsdpp::detail {
 
@@ -18,7 +22,8 @@ struct ProcessGroupImpl {
   std::string name;                           // "world", "world/0", ...
   std::string backend_name;                   // "gloo"
   c10::intrusive_ptr<c10d::Store> store;      // the world's store, unprefixed
-  c10::intrusive_ptr<c10d::ProcessGroup> backend;  // null when not a member
+  c10::intrusive_ptr<compat::C10dBackend> backend;  // null when not a member
+  c10::intrusive_ptr<c10d::ProcessGroup> c10d_group;  // what ProcessGroup::backend() hands out
   std::vector<int> ranks;                     // global ranks of the members
   int global_rank = -1;                       // this process in the world
   int rank = -1;                              // this process in the group, -1 if not a member
@@ -37,6 +42,10 @@ struct ProcessGroupImpl {
     return scratch_bytes.narrow(0, 0, bytes);
   }
 
+  // Subgroups of k consecutive ranks made from this group, by k: they live and die with it.
+  mutable std::mutex subgroups_mutex;
+  mutable std::map<int, ProcessGroup> consecutive_subgroups;
+
   int size() const { return static_cast<int>(ranks.size()); }
   // "group world (rank 1 of 4)"
   std::string where() const;
@@ -44,5 +53,10 @@ struct ProcessGroupImpl {
 
 // Resolves an empty handle to the default group and checks membership.
 const ProcessGroupImpl& member_group(const class fsdpp::ProcessGroup& group, const char* collective);
+
+// This rank's subgroup of k consecutive group ranks (ranks [0, k), [k, 2k), ... of `group`).
+// Collective over `group` the first time for a given k (every member makes all of them, in
+// the same order); cached on the group after.
+ProcessGroup consecutive_subgroup(const ProcessGroup& group, int k);
 
 }  // namespace fsdpp::detail

@@ -3,8 +3,6 @@
 #include <chrono>
 #include <functional>
 #include <thread>
-#include <map>
-#include <mutex>
 #include <sstream>
 
 #include <c10/core/StorageImpl.h>
@@ -13,6 +11,8 @@
 
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
+
+#include "comm/process_group_impl.h"
 
 namespace fsdpp::detail {
 
@@ -25,25 +25,6 @@ namespace {
 
 void sleep_ms(int ms) {
   if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-}
-
-// The k-rank post-forward group of this rank: consecutive ranks of `group`. Every rank of
-// `group` creates all of them once (new_group is collective), in the same order.
-ProcessGroup post_forward_group_of(const ProcessGroup& group, int k) {
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, ProcessGroup> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_pair(static_cast<const void*>(group.backend().get()), k);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  ProcessGroup mine;
-  for (int first = 0; first < group.size(); first += k) {
-    std::vector<int> ranks;
-    for (int r = first; r < first + k; ++r) ranks.push_back(group.global_rank(r));
-    ProcessGroup g = group.new_group(ranks);
-    if (g.is_member()) mine = g;
-  }
-  return cache[key] = mine;
 }
 
 }  // namespace
@@ -59,7 +40,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> p
                 " must divide the shard group's size " + std::to_string(world_size_) + " (group " + group_.name() + ")");
   if (post_forward_size > 1 && post_forward_size < world_size_) {
     post_forward_size_ = post_forward_size;
-    post_forward_group_ = post_forward_group_of(group_, post_forward_size_);
+    post_forward_group_ = detail::consecutive_subgroup(group_, post_forward_size_);
   }
   if (params.empty()) throw Error("fully_shard of " + unit_name_ + ": no parameters to shard");
   const at::Tensor& first = params.front().second;

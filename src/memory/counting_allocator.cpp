@@ -8,6 +8,8 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include "compat/cpu_allocator.h"
+
 namespace fsdpp {
 namespace {
 
@@ -34,9 +36,9 @@ void release(void* data) {
   std::free(block);
 }
 
-class CountingCPUAllocator final : public c10::Allocator {
+class CountingCPUAllocator final : public compat::CPUAllocatorBase {
  public:
-  c10::DataPtr allocate(size_t nbytes) const override {
+  c10::DataPtr allocate_bytes(size_t nbytes) const override {
     void* raw = nullptr;
     if (posix_memalign(&raw, kHeader, nbytes + kHeader) != 0) throw std::bad_alloc();
     char* block = static_cast<char*>(raw);

@@ -25,7 +25,7 @@
 #include <fsdpp/error.h>
 
 #include "state_dict/fsdp_layout.h"
-#include "zero/state_keys.h"
+#include "compat/optimizer_state_key.h"
 
 namespace fsdpp {
 namespace {
@@ -198,7 +198,7 @@ OptimStateDict get_optimizer_state_dict(torch::nn::Module& model, const torch::o
       const at::Tensor& p = group.params()[i];
       const ParamInfo& info = info_of(by_impl, p, g, i, api);
       out.params.push_back(info.key);
-      auto it = optim.state().find(detail::optimizer_state_key(p));
+      auto it = optim.state().find(compat::optimizer_state_key(p));
       const OptimizerParamState* st = it == optim.state().end() ? nullptr : it->second.get();
       const detail::ModelEntry& e = *info.entry;
       std::vector<at::Tensor> tensors = st ? tensor_entries(kind, *st) : std::vector<at::Tensor>(names.size());
@@ -276,7 +276,7 @@ void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer&
     throw Error(api + ": the state dict has " + std::to_string(sd.param_groups.size()) +
                 " param groups but the optimizer has " + std::to_string(optim.param_groups().size()));
   struct Planned {
-    std::string state_key;
+    compat::OptimizerStateKey state_key;
     const detail::ModelEntry* entry;
     const StateDict* entries;
   };
@@ -290,7 +290,7 @@ void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer&
       keys.push_back(info.key);
       optimizer_keys.insert(info.key);
       auto st = sd.state.find(info.key);
-      planned.push_back({detail::optimizer_state_key(group.params()[i]), info.entry,
+      planned.push_back({compat::optimizer_state_key(group.params()[i]), info.entry,
                          st == sd.state.end() ? nullptr : &st->second});
     }
     std::vector<std::string> given = sd.param_groups[g].params;
@@ -363,7 +363,7 @@ void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer&
   }
 
   // Build the new states (redistribution, if any, is collective: module order on every rank).
-  std::vector<std::pair<std::string, std::unique_ptr<OptimizerParamState>>> states;
+  std::vector<std::pair<compat::OptimizerStateKey, std::unique_ptr<OptimizerParamState>>> states;
   {
     at::NoGradGuard no_grad;
     for (const auto& pl : planned) {
@@ -402,7 +402,7 @@ void init_optimizer_state(torch::optim::Optimizer& optim) {
   for (auto& group : optim.param_groups()) {
     const auto& o = group.options();
     for (const auto& p : group.params()) {
-      const std::string key = detail::optimizer_state_key(p);
+      const auto key = compat::optimizer_state_key(p);
       if (optim.state().count(key)) continue;
       auto zeros = [&] { return at::zeros_like(p.detach(), at::MemoryFormat::Preserve); };
       std::vector<at::Tensor> t(tensor_entry_names(kind).size());

@@ -4,21 +4,15 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/Type.h>
-#include <c10/util/string_utils.h>
 
 #include <fsdpp/zero_redundancy_optimizer.h>
 
-#include "zero/state_keys.h"
+#include "compat/optimizer_state_key.h"
 
 namespace fsdpp {
 
 namespace detail {
 std::string demangled(const std::type_info& type) { return c10::demangle(type.name()); }
-
-std::string optimizer_state_key(const at::Tensor& param) {
-  // The key libtorch's optimizers use for their per-parameter state.
-  return c10::guts::to_string(param.unsafeGetTensorImpl());
-}
 }  // namespace detail
 
 using torch::serialize::InputArchive;
@@ -50,7 +44,7 @@ OptimizerStateDict OptimizerStateDict::from_optimizer(const torch::optim::Optimi
     ParamGroup g;
     g.options = group.options().clone();
     for (const auto& p : group.params()) {
-      auto it = optimizer.state().find(detail::optimizer_state_key(p));
+      auto it = optimizer.state().find(compat::optimizer_state_key(p));
       if (it != optimizer.state().end()) sd.state.emplace(index, it->second->clone());
       g.params.push_back(index++);
     }

@@ -14,7 +14,7 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/zero_redundancy_optimizer.h>
 
-#include "zero/state_keys.h"
+#include "compat/optimizer_state_key.h"
 
 namespace fsdpp {
 namespace {
@@ -419,7 +419,7 @@ void ZeroRedundancyOptimizerBase::consolidate_state_dict(int to) {
   OutputArchive archive;
   OutputArchive state_archive(archive.compilation_unit());
   for (int64_t i : rank_params_[rank_]) {
-    auto it = local_->state().find(detail::optimizer_state_key(all_params_[i]));
+    auto it = local_->state().find(compat::optimizer_state_key(all_params_[i]));
     if (it == local_->state().end()) continue;
     OutputArchive entry(archive.compilation_unit());
     it->second->serialize(entry);
@@ -496,7 +496,7 @@ void ZeroRedundancyOptimizerBase::load_state_dict(const OptimizerStateDict& sd) 
   }
 
   // Validate every entry (on every rank, so all ranks agree on errors), keep this rank's.
-  ska::flat_hash_map<std::string, std::unique_ptr<OptimizerParamState>> local_state;
+  std::remove_reference_t<decltype(local_->state())> local_state;
   for (const auto& [key, st] : sd.state) {
     auto it = index_of.find(key);
     if (it == index_of.end())
@@ -533,7 +533,7 @@ void ZeroRedundancyOptimizerBase::load_state_dict(const OptimizerStateDict& sd) 
     } catch (const c10::Error& e) {
       throw Error(ctx + "cannot read the state of " + name + ": " + e.what_without_backtrace());
     }
-    if (owner_[i] == rank_) local_state[detail::optimizer_state_key(p)] = std::move(fresh);
+    if (owner_[i] == rank_) local_state[compat::optimizer_state_key(p)] = std::move(fresh);
   }
 
   // Commit.

@@ -11,6 +11,7 @@
 #include <fsdpp/error.h>
 #include <fsdpp/zero_redundancy_optimizer.h>
 
+#include "compat/optimizer_state_key.h"
 #include "dist/world_sizes.h"
 #include "dist/zero_suite.h"
 #include "harness/multi_process.h"
@@ -37,7 +38,7 @@ std::string error_of(F&& f) {
   return "no error";
 }
 
-std::string key_of(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+auto key_of(const torch::Tensor& p) { return fsdpp::compat::optimizer_state_key(p); }
 
 torch::Tensor scalar_param(double value) {
   return torch::tensor({value}, torch::TensorOptions().dtype(torch::kFloat).requires_grad(true));
@@ -745,7 +746,7 @@ TEST_P(ZeroRedundancyOptimizer, CollectShards) {
     };
     optimizer.step(closure);
     // This rank's momentum buffers before the round trip.
-    std::map<std::string, torch::Tensor> before;
+    std::map<fsdpp::compat::OptimizerStateKey, torch::Tensor> before;
     for (auto& [key, st] : optimizer.optim().state())
       before[key] = static_cast<torch::optim::SGDParamState&>(*st).momentum_buffer().clone();
     EXPECT_FALSE(before.empty() && !optimizer.partition()[ctx.rank].empty());
@@ -1111,18 +1112,20 @@ TEST_P(ZeroRedundancyOptimizer, OptimizerStateBytesScaleAsOneOverN) {
   });
 }
 
-std::map<std::string, torch::Tensor> snapshot_adam(const torch::optim::Optimizer& o) {
-  std::map<std::string, torch::Tensor> out;
+using AdamSnapshot = std::map<std::pair<fsdpp::compat::OptimizerStateKey, std::string>, torch::Tensor>;
+
+AdamSnapshot snapshot_adam(const torch::optim::Optimizer& o) {
+  AdamSnapshot out;
   for (const auto& [key, st] : o.state()) {
     const auto& s = static_cast<const torch::optim::AdamParamState&>(*st);
-    out[key + "/exp_avg"] = s.exp_avg().clone();
-    out[key + "/exp_avg_sq"] = s.exp_avg_sq().clone();
-    out[key + "/step"] = torch::tensor({s.step()});
+    out[{key, "exp_avg"}] = s.exp_avg().clone();
+    out[{key, "exp_avg_sq"}] = s.exp_avg_sq().clone();
+    out[{key, "step"}] = torch::tensor({s.step()});
   }
   return out;
 }
 
-bool same_snapshot(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
+bool same_snapshot(const AdamSnapshot& a, const AdamSnapshot& b) {
   if (a.size() != b.size()) return false;
   for (const auto& [k, v] : a)
     if (!b.count(k) || !torch::equal(v, b.at(k))) return false;
