@@ -14,6 +14,7 @@
 #include <fsdpp/error.h>
 
 #include "comm/process_group_impl.h"
+#include "compat/tcp_store_options.h"
 
 namespace fsdpp {
 namespace {
@@ -136,7 +137,7 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o) {
   // under the attempt's prefix, as PyTorch's own init_process_group does.
   const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   const bool use_agent_store = o.init_method_ == "env://" && agent_store && std::string(agent_store) == "True";
-  c10d::TCPStoreOptions store_options;
+  c10d::TCPStoreOptions store_options = compat::tcp_store_options();
   store_options.port = static_cast<std::uint16_t>(port);
   store_options.isServer = r.rank == 0 && !use_agent_store;
   store_options.numWorkers = r.world_size;
