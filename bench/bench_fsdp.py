@@ -1,20 +1,24 @@
-"""PyTorch's own FSDP1 and DDP on bench_fsdp.cpp's transformer (examples/transformer.h), same
-sizes, local batch, loss, Adam, warm-up and timing, one thread per rank, Gloo on CPU.
+"""PyTorch's own FSDP1 and DDP on bench_fsdp.cpp's transformer (examples/transformer.h): same
+layers, sizes, local batch, loss, Adam, warm-up and timing, one thread per rank, Gloo on CPU.
 Run under torchrun (see run_anchor_bench.sh); prints the slowest rank's median step time.
 
---mode fsdp2 tries FSDP2's fully_shard instead, and prints what PyTorch 2.6 does with it on CPU.
+--mode fsdp2 tries FSDP2's fully_shard instead; where PyTorch cannot run it (2.6 on CPU) it
+prints the error and where it was raised, and exits 0.
 """
 import argparse
-import functools
+import os
 import time
+import traceback
 
 import torch
 import torch.distributed as dist
-from gloo_init import init_process_group
 import torch.nn as nn
 import torch.nn.functional as F
+from gloo_init import init_process_group
 
 
+# The modules below are examples/transformer.h's, attribute for attribute and in its
+# registration order: that order decides DDP's buckets and FSDP's flat parameters.
 class Attention(nn.Module):
     def __init__(self, dim, n_heads):
         super().__init__()
@@ -48,8 +52,10 @@ class FeedForward(nn.Module):
 class TransformerBlock(nn.Module):
     def __init__(self, dim, n_heads):
         super().__init__()
-        self.attention_norm, self.ffn_norm = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.attention, self.feed_forward = Attention(dim, n_heads), FeedForward(dim)
+        self.attention_norm = nn.LayerNorm(dim)
+        self.attention = Attention(dim, n_heads)
+        self.ffn_norm = nn.LayerNorm(dim)
+        self.feed_forward = FeedForward(dim)
 
     def forward(self, x):
         h = x + self.attention(self.attention_norm(x))
@@ -69,20 +75,38 @@ class Transformer(nn.Module):
         return self.output(self.norm(self.layers(h)))
 
 
-def wrap(model, mode):
-    if mode == "ddp":
+def wrap(model, args):
+    mode = args.mode
+    if mode == "ddp":  # defaults = fsdpp's: 25 MiB buckets (the first 1 MiB), grads copied out
         return nn.parallel.DistributedDataParallel(model)
-    if mode == "fsdp":  # every block a unit, then the root, as bench_fsdp's ModuleWrapPolicy
+    if mode == "fsdp":
+        from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-        # device_id: 2.6 otherwise looks for an accelerator and refuses to run on CPU
-        return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({TransformerBlock}), device_id=torch.device("cpu"))
+        # Every block a unit, then the root, as bench_fsdp's ModuleWrapPolicy<TransformerBlockImpl>;
+        # blocks reshard after forward, the root does not (both libraries). fsdpp prefetches the
+        # next unit in forward and in backward, so FSDP1 is asked to do both too.
+        return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({TransformerBlock}),
+                    sharding_strategy=ShardingStrategy.FULL_SHARD,
+                    backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True,
+                    use_orig_params=args.use_orig_params,
+                    device_id=torch.device("cpu"))  # else 2.6 looks for an accelerator and stops
     from torch.distributed.fsdp import fully_shard  # fsdp2
 
     for block in model.layers:
         fully_shard(block)
     return fully_shard(model)
+
+
+def report_failure(e, rank):
+    """One line: the error and the line of torch that raised it."""
+    if rank == 0:
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        path = os.path.relpath(where.filename, os.path.dirname(os.path.dirname(torch.__file__)))
+        message = f"{type(e).__name__}: {e}".splitlines()[0]
+        print(f"pytorch {torch.__version__} fsdp2 fully_shard failed in its first step: {message} "
+              f"(at {path}:{where.lineno})")
 
 
 def main():
@@ -93,8 +117,11 @@ def main():
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--local-batch", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
+    # FSDP1's default (off) gives Adam one flat shard per unit; on, Adam steps each original
+    # parameter's piece of the shard, as fsdpp's per-parameter shards are stepped.
+    parser.add_argument("--use-orig-params", action="store_true")
     args = parser.parse_args()
-    seq, n_heads, warmup = 32, 4, 3
+    seq, n_heads, warmup = 32, 4, 3  # bench_fsdp's max_seq_len, n_heads and warm-up
     torch.set_num_threads(1)
     init_process_group()
     rank = dist.get_rank()
@@ -102,7 +129,10 @@ def main():
     tokens = torch.randint(args.vocab, (args.local_batch, seq))
     targets = torch.randint(args.vocab, (args.local_batch, seq))
     torch.manual_seed(0)
-    model = wrap(Transformer(args.layers, args.dim, args.vocab, seq, n_heads), args.mode)
+    plain = Transformer(args.layers, args.dim, args.vocab, seq, n_heads)
+    params = sum(p.numel() for p in plain.parameters())
+    model = wrap(plain, args)
+    # On CPU, 2.6's Adam is the per-tensor loop (no foreach kernels), as libtorch's C++ Adam.
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
     def step():
@@ -111,7 +141,16 @@ def main():
         F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1)).backward()
         opt.step()
 
-    step()  # Adam state exists from here on, as in bench_fsdp
+    # Untimed steps before the timed loop's own warm-up, as many as bench_fsdp runs: FSDP's
+    # first step, its memory probe and its wire-count step; DDP's first step and memory probe.
+    try:
+        for _ in range(2 if args.mode == "ddp" else 3):
+            step()
+    except Exception as e:
+        if args.mode != "fsdp2":
+            raise
+        report_failure(e, rank)
+        return  # without destroy_process_group: an all-gather may still be in flight
     times = []
     for i in range(warmup + args.steps):
         dist.barrier()
@@ -121,9 +160,11 @@ def main():
             times.append(time.perf_counter() - start)
     times.sort()
     median = torch.tensor([times[len(times) // 2]], dtype=torch.double)
-    dist.all_reduce(median, op=dist.ReduceOp.MAX)
+    dist.all_reduce(median, op=dist.ReduceOp.MAX)  # the slowest rank's median
     if rank == 0:
         print(f"pytorch {torch.__version__} {args.mode} world={dist.get_world_size()} "
+              f"layers={args.layers} dim={args.dim} params={params * 4 / 2**20:.2f}MiB "
+              f"local_batch={args.local_batch}x{seq} "
               f"median_step_ms={median.item() * 1e3:.2f}")
     dist.destroy_process_group()
 

@@ -168,11 +168,17 @@ void wait_for_members(const detail::ProcessGroupImpl& g, const c10::intrusive_pt
   try {
     store->wait(keys, g.timeout);
   } catch (const std::exception& e) {
+    const std::string what = "rendezvous of " + g.where() + " with ranks " + list_ranks(g.ranks) +
+                             " did not complete within " + std::to_string(g.timeout.count()) + " ms: ";
     std::vector<int> missing;
-    for (int r = 0; r < g.size(); ++r)
-      if (!store->check({key(r)})) missing.push_back(g.ranks[r]);
-    throw Error("rendezvous of " + g.where() + " with ranks " + list_ranks(g.ranks) + " did not complete within " +
-                std::to_string(g.timeout.count()) + " ms: rank(s) " + list_ranks(missing) + " did not arrive");
+    try {
+      for (int r = 0; r < g.size(); ++r)
+        if (!store->check({key(r)})) missing.push_back(g.ranks[r]);
+    } catch (const std::exception&) {
+      // The store's server (rank 0 of a TCP store) may have timed out and exited first.
+      throw Error(what + "the store became unreachable before the missing ranks could be named");
+    }
+    throw Error(what + "rank(s) " + list_ranks(missing) + " did not arrive");
   }
 }
 

@@ -24,8 +24,9 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 
-#include "state_dict/fsdp_layout.h"
+#include "common/shape_string.h"
 #include "compat/optimizer_state_key.h"
+#include "state_dict/fsdp_layout.h"
 
 namespace fsdpp {
 namespace {
@@ -161,7 +162,7 @@ const ParamInfo& info_of(const std::unordered_map<const c10::TensorImpl*, ParamI
   auto it = by_impl.find(p.unsafeGetTensorImpl());
   if (it == by_impl.end())
     throw Error(api + ": parameter " + std::to_string(index) + " of the optimizer's param group " + std::to_string(group) +
-                " (shape " + detail::shape_str(p.sizes()) + ") is not a parameter of the model");
+                " (shape " + detail::shape_string(p.sizes()) + ") is not a parameter of the model");
   return it->second;
 }
 
@@ -353,8 +354,8 @@ void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer&
           pl.entry->fsdp_param ? pl.entry->fsdp_param->unsharded_size() : pl.entry->tensor.sizes().vec();
       if (value.sizes() != expected)
         throw Error(api + ": size mismatch for '" + key + "' entry '" + name + "': the state dict has shape " +
-                    detail::shape_str(value.sizes()) + ", the parameter in the current model has " +
-                    detail::shape_str(expected));
+                    detail::shape_string(value.sizes()) + ", the parameter in the current model has " +
+                    detail::shape_string(expected));
       if (value.is_sharded() && !pl.entry->fsdp_param)
         throw Error(api + ": '" + key + "' entry '" + name + "' is a ShardedTensor but the model holds '" + key + "' whole");
     }

@@ -14,9 +14,12 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/zero_redundancy_optimizer.h>
 
+#include "common/shape_string.h"
 #include "compat/optimizer_state_key.h"
 
 namespace fsdpp {
+using detail::shape_string;
+
 namespace {
 
 using torch::optim::OptimizerOptions;
@@ -24,12 +27,6 @@ using torch::optim::OptimizerParamGroup;
 using torch::optim::OptimizerParamState;
 using torch::serialize::InputArchive;
 using torch::serialize::OutputArchive;
-
-std::string shape_string(at::IntArrayRef sizes) {
-  std::ostringstream out;
-  out << sizes;
-  return out.str();
-}
 
 // Checks one parameter for ZeRO's requirements; `first` is the parameter that fixes the dtype.
 void check_param(const at::Tensor& p, const std::string& name, const at::Tensor* first, const std::string& first_name) {
