@@ -71,6 +71,8 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", args.vocab_size);
   app.add_option("--local-batch", local_batch);
   app.add_option("--steps", steps);
+  double ddp_bucket_cap_mb = 25.0;
+  app.add_option("--ddp-bucket-cap-mb", ddp_bucket_cap_mb, "DDP's bucket_cap_mb (PyTorch's default 25)");
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(1);
 
@@ -134,7 +136,8 @@ int main(int argc, char** argv) {
   // DDP on the same slices.
   torch::manual_seed(0);
   Transformer plain(args);
-  fsdpp::DistributedDataParallel<fsdpp::examples::TransformerImpl> ddp(plain);
+  fsdpp::DistributedDataParallel<fsdpp::examples::TransformerImpl> ddp(
+      plain, fsdpp::DistributedDataParallelOptions().bucket_cap_mb(ddp_bucket_cap_mb));
   torch::optim::Adam ddp_opt(plain->parameters(), torch::optim::AdamOptions(1e-4));
   auto ddp_step = [&] {
     ddp_opt.zero_grad();

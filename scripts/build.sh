@@ -6,6 +6,9 @@
 set -eu
 cd "$(dirname "$0")/.."
 build=${FSDPP_BUILD_DIR:-build}
+# ccache hits across clones and worktrees (paths relative to the checkout; debug info then names
+# the clone that first compiled a file).
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 mkdir -p "$build"
 exec 9>/tmp/fsdpp-build.lock
 flock 9
