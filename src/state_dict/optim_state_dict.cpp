@@ -53,7 +53,6 @@ const ParamInfo& info_of(const std::unordered_map<const c10::TensorImpl*, ParamI
 
 const ProcessGroup& group_of(const detail::ModelEntry& e) { return e.unit->fsdp_state()->param_group()->process_group(); }
 
-
 // ---- set_optimizer_state_dict: check, plan, resolve, commit --------------------------------
 // The shape of checkpoint::load: nothing is written until every entry has been checked and
 // every new state built.
