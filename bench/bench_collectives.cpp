@@ -1,6 +1,8 @@
 // Bandwidth of all_gather_into_tensor, reduce_scatter_tensor and all_reduce, reported as
 // nccl-tests does (algorithm and bus bandwidth), with the bytes each rank put on the wire:
 // as CommDebugMode counts them and as the kernel counted them (/proc/self/io wchar).
+// With --gloo-native it also times libtorch's own Gloo _allgather_base / _reduce_scatter_base
+// (libtorch 2.x has them; 1.13's Gloo does not), whose bytes only the kernel column sees.
 // Run under the launcher: fsdpp-run --nproc-per-node 4 bench_collectives
 #include <chrono>
 #include <cstdio>
@@ -9,6 +11,7 @@
 
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <fsdpp/fsdpp.h>
 
@@ -58,6 +61,8 @@ int main(int argc, char** argv) {
   app.add_option("--min-bytes", min_bytes, "smallest buffer (bytes of the full tensor)");
   app.add_option("--max-bytes", max_bytes, "largest buffer");
   app.add_option("--seconds-per-size", seconds_per_size, "time budget per size and collective");
+  bool gloo_native = false;
+  app.add_flag("--gloo-native", gloo_native, "also time Gloo's own _allgather_base and _reduce_scatter_base");
   CLI11_PARSE(app, argc, argv);
 
   // The cross-rank consistency check costs one small exchange per call; measure the wire.
@@ -70,8 +75,21 @@ int main(int argc, char** argv) {
     std::printf("%12s %-24s %10s %10s %10s %14s %14s %12s\n", "bytes", "collective", "time_us", "algbw_GB/s",
                 "busbw_GB/s", "wire_counted", "wire_kernel", "ideal");
   }
-  double busbw_at_max[3] = {0, 0, 0};
-  const char* names[3] = {"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"};
+  double busbw_at_max[5] = {0, 0, 0, 0, 0};
+  const char* names[5] = {"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "gloo _allgather_base",
+                          "gloo _reduce_scatter_base"};
+  const auto c10d_group = world.backend();
+  if (gloo_native) {
+    try {  // both throw "not supported" where libtorch's Gloo lacks them
+      at::Tensor full = at::ones({n}), shard = at::ones({1});
+      c10d_group->_allgather_base(full, shard)->wait();
+      c10d_group->_reduce_scatter_base(shard, full)->wait();
+    } catch (const c10::Error& e) {
+      if (rank == 0) std::printf("# --gloo-native: this libtorch's Gloo has no such collective: %s\n", e.what_without_backtrace());
+      gloo_native = false;
+    }
+  }
+  const int kinds = gloo_native ? 5 : 3;
   for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     const int64_t numel = bytes / 4 / n * n;
     at::Tensor full = at::ones({numel}), shard = at::ones({numel / n});
@@ -82,13 +100,17 @@ int main(int argc, char** argv) {
     at::Tensor est = at::tensor({once}, at::kDouble);
     fsdpp::all_reduce(est, fsdpp::ReduceOp::MAX);
     const int iterations = std::max(3, std::min(200, static_cast<int>(seconds_per_size / est.item<double>())));
-    Result results[3] = {
+    Result results[5] = {
         measure([&] { fsdpp::all_gather_into_tensor(full, shard); }, iterations),
         measure([&] { fsdpp::reduce_scatter_tensor(shard, full); }, iterations),
         measure([&] { fsdpp::all_reduce(full); }, iterations),
     };
+    if (gloo_native) {
+      results[3] = measure([&] { c10d_group->_allgather_base(full, shard)->wait(); }, iterations);
+      results[4] = measure([&] { c10d_group->_reduce_scatter_base(shard, full)->wait(); }, iterations);
+    }
     const double s = numel * 4.0;
-    for (int k = 0; k < 3; ++k) {
+    for (int k = 0; k < kinds; ++k) {
       const double algbw = s / results[k].seconds / 1e9;
       const double factor = k == 2 ? 2.0 * (n - 1) / n : double(n - 1) / n;
       const double busbw = algbw * factor;
@@ -102,6 +124,9 @@ int main(int argc, char** argv) {
   if (rank == 0 && n > 1) {
     std::printf("\nbus bandwidth vs all_reduce at the largest size: all_gather %.2fx, reduce_scatter %.2fx (target >= 0.8x)\n",
                 busbw_at_max[0] / busbw_at_max[2], busbw_at_max[1] / busbw_at_max[2]);
+    if (gloo_native)
+      std::printf("Gloo's own, vs all_reduce at the largest size: _allgather_base %.2fx, _reduce_scatter_base %.2fx\n",
+                  busbw_at_max[3] / busbw_at_max[2], busbw_at_max[4] / busbw_at_max[2]);
   }
   fsdpp::barrier();
   return 0;

@@ -7,6 +7,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from gloo_init import init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
@@ -18,7 +19,7 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    init_process_group()
     world, rank = dist.get_world_size(), dist.get_rank()
     torch.manual_seed(0)
     layers = []

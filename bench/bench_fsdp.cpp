@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
     if (auto* unit = dynamic_cast<fsdpp::FSDPModule*>(m.get())) {
       const double psi = unit->unsharded_padded_numel() * 4.0;
       largest_unit = std::max(largest_unit, psi);
-      const bool reshards = !unit->is_root() && unit->options().reshard_after_forward_;
+      const bool reshards = !unit->is_root() && unit->options().reshard_after_forward_.reshards();
       bound += (reshards ? 3.0 : 2.0) * (n - 1) / n * psi;
     }
   double wire = 0;

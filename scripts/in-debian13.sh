@@ -10,6 +10,9 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 root=${FSDPP_DEBIAN13_ROOT:-/var/cache/fsdpp/debian13}
 mirror=${FSDPP_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 if [ "$(id -u)" -ne 0 ]; then exec sudo -E "$0" "$@"; fi
+# Mounts are made in a private mount namespace: they vanish with this command, and concurrent
+# invocations on the same root cannot unmount each other's /proc.
+if [ -z "${FSDPP_IN_MOUNT_NS:-}" ]; then FSDPP_IN_MOUNT_NS=1 exec unshare --mount --propagation private "$0" "$@"; fi
 
 if [ ! -f "$root/.fsdpp-ready" ]; then
   command -v debootstrap >/dev/null || {
@@ -22,14 +25,11 @@ if [ ! -f "$root/.fsdpp-ready" ]; then
 fi
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
 
-mounted=""
-cleanup() { for m in $mounted; do umount -l "$m" 2>/dev/null || true; done; }
-trap cleanup EXIT INT TERM
 bind() {  # bind SRC at the same path inside the root
   mkdir -p "$root$1"
-  mountpoint -q "$root$1" || { mount --bind "$1" "$root$1"; mounted="$root$1 $mounted"; }
+  mount --bind "$1" "$root$1"
 }
-mountpoint -q "$root/proc" || { mount -t proc proc "$root/proc"; mounted="$root/proc $mounted"; }
+mount -t proc proc "$root/proc"
 bind /dev
 bind /dev/pts
 bind /dev/shm

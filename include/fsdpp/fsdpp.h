@@ -12,6 +12,7 @@
 #include <fsdpp/memory.h>
 #include <fsdpp/optim_state_dict.h>
 #include <fsdpp/process_group.h>
+#include <fsdpp/reshard_policy.h>
 #include <fsdpp/sharded_tensor.h>
 #include <fsdpp/state_dict.h>
 #include <fsdpp/work.h>

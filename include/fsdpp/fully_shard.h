@@ -36,6 +36,7 @@
 
 #include <fsdpp/device_mesh.h>
 #include <fsdpp/process_group.h>
+#include <fsdpp/reshard_policy.h>
 
 namespace torch::nn {
 class SequentialImpl;
@@ -54,15 +55,13 @@ struct FullyShardOptions {
   // (less memory, one more all-gather per step). Ignored by the root, which keeps them.
   FullyShardOptions& reshard_after_forward(bool v) {
     reshard_after_forward_ = v;
-    reshard_after_forward_size_ = 0;
     return *this;
   }
   // An int k (FSDP2's int option): after forward keep a copy sharded k ways across k
   // consecutive ranks of the group, so backward all-gathers within those k ranks only.
   // k must divide the group size; 1 means false and the group size means true.
   FullyShardOptions& reshard_after_forward(int k) {
-    reshard_after_forward_ = true;
-    reshard_after_forward_size_ = k;
+    reshard_after_forward_ = ReshardPolicy::ways(k);
     return *this;
   }
   // Makes units of the submodules the policy selects (<fsdpp/wrap_policy.h>) before
@@ -74,8 +73,7 @@ struct FullyShardOptions {
 
   ProcessGroup process_group_;
   DeviceMesh mesh_;
-  bool reshard_after_forward_ = true;
-  int reshard_after_forward_size_ = 0;  // k of reshard_after_forward(k); 0: not given
+  ReshardPolicy reshard_after_forward_;
   std::shared_ptr<const AutoWrapPolicy> auto_wrap_policy_;
 };
 

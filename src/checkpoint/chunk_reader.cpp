@@ -48,8 +48,8 @@ at::Tensor ChunkReader::read(const std::string& key, const EntryInfo& entry, con
   }
   if (covered != wanted)
     throw Error("tensor '" + key + "': the checkpoint's chunks cover " + std::to_string(covered) + " of the " +
-                std::to_string(wanted) + " elements at offsets " + shape_str(region.offsets) + " sizes " +
-                shape_str(region.sizes));
+                std::to_string(wanted) + " elements at offsets " + shape_string(region.offsets) + " sizes " +
+                shape_string(region.sizes));
   return out;
 }
 

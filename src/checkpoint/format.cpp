@@ -4,9 +4,10 @@
 #include <xxhash.h>
 
 #include <cstdio>
-#include <sstream>
 
 #include <fsdpp/error.h>
+
+#include "common/shape_string.h"
 
 namespace fsdpp::checkpoint::detail {
 
@@ -48,14 +49,6 @@ at::ScalarType dtype_from_name(const std::string& name, const std::string& conte
 
 int64_t element_size(const std::string& name) {
   return static_cast<int64_t>(c10::elementSize(dtype_from_name(name, "checkpoint")));
-}
-
-std::string shape_str(const std::vector<int64_t>& v) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < v.size(); ++i) out << (i ? ", " : "") << v[i];
-  out << "]";
-  return out.str();
 }
 
 int64_t numel(const std::vector<int64_t>& sizes) {

@@ -6,6 +6,8 @@
 
 #include <ATen/ATen.h>
 
+#include "common/shape_string.h"
+
 namespace fsdpp::checkpoint::detail {
 
 constexpr const char* kMetadataFile = "metadata.json";
@@ -22,7 +24,7 @@ std::string dtype_name(at::ScalarType t);  // throws for types safetensors lacks
 at::ScalarType dtype_from_name(const std::string& name, const std::string& context);
 int64_t element_size(const std::string& dtype_name);
 
-std::string shape_str(const std::vector<int64_t>& v);
+using fsdpp::detail::shape_string;
 int64_t numel(const std::vector<int64_t>& sizes);
 
 // XXH3_64bits as 16 lowercase hex digits.

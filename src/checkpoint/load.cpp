@@ -28,7 +28,7 @@ std::string some_keys(const Metadata& m) {
 }
 
 std::string describe(const std::string& dtype, const std::vector<int64_t>& shape) {
-  return dtype + " " + shape_str(shape);
+  return dtype + " " + shape_string(shape);
 }
 
 // Reads every entry of `state` from `m` (chunks relative to `dir`) and then assigns them.

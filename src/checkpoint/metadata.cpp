@@ -118,11 +118,11 @@ Metadata metadata_from_json(const std::string& text, const std::string& where) {
           c.end = range[1];
           c.xxh3_64 = jc.value("xxh3_64", "");
           if (c.offsets.size() != e.shape.size() || c.sizes.size() != e.shape.size())
-            throw Error("a chunk's offsets/sizes do not match the shape " + shape_str(e.shape));
+            throw Error("a chunk's offsets/sizes do not match the shape " + shape_string(e.shape));
           for (size_t d = 0; d < e.shape.size(); ++d)
             if (c.offsets[d] < 0 || c.sizes[d] < 0 || c.offsets[d] + c.sizes[d] > e.shape[d])
-              throw Error("chunk at offsets " + shape_str(c.offsets) + " sizes " + shape_str(c.sizes) +
-                          " lies outside the shape " + shape_str(e.shape));
+              throw Error("chunk at offsets " + shape_string(c.offsets) + " sizes " + shape_string(c.sizes) +
+                          " lies outside the shape " + shape_string(e.shape));
           if (c.end - c.begin != numel(c.sizes) * element_size(e.dtype) || c.begin < 0)
             throw Error("chunk " + c.name + ": byte_range does not match its sizes and dtype");
           if (!m.file_sizes.count(c.file)) throw Error("chunk " + c.name + " names unknown file '" + c.file + "'");

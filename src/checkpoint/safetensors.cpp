@@ -90,11 +90,11 @@ SafetensorsHeader read_safetensors_header(const File& file) {
       throw Error(what + " has a malformed header entry: " + e.what());
     }
     for (int64_t s : rec.shape)
-      if (s < 0) throw Error(what + " has a negative size in shape " + shape_str(rec.shape));
+      if (s < 0) throw Error(what + " has a negative size in shape " + shape_string(rec.shape));
     const int64_t bytes = numel(rec.shape) * element_size(rec.dtype);
     if (rec.end - rec.begin != bytes || rec.begin < start)
       throw Error(what + ": data_offsets span " + std::to_string(rec.end - rec.begin) + " bytes but " + rec.dtype +
-                  " " + shape_str(rec.shape) + " needs " + std::to_string(bytes));
+                  " " + shape_string(rec.shape) + " needs " + std::to_string(bytes));
     if (rec.end > file_size)
       throw Error(path + " is truncated: tensor '" + name + "' needs bytes up to " + std::to_string(rec.end) +
                   " but the file has " + std::to_string(file_size));

@@ -181,8 +181,8 @@ GlobalPlan make_plan(const std::vector<std::string>& plans) {
       tensor_rank.emplace(key, r);
       if (!fresh && pos->second != std::make_pair(dtype, shape))
         throw Error("checkpoint::save: tensor '" + key + "' is " + pos->second.first + " " +
-                    shape_str(pos->second.second) + " on rank " + std::to_string(tensor_rank[key]) + " but " +
-                    dtype + " " + shape_str(shape) + " on rank " + std::to_string(r));
+                    shape_string(pos->second.second) + " on rank " + std::to_string(tensor_rank[key]) + " but " +
+                    dtype + " " + shape_string(shape) + " on rank " + std::to_string(r));
       boxes[key][{it["offsets"].get<std::vector<int64_t>>(), it["sizes"].get<std::vector<int64_t>>()}].push_back(r);
     }
   }
@@ -205,9 +205,9 @@ GlobalPlan make_plan(const std::vector<std::string>& plans) {
         Box common;
         if (intersect(list[i].first, list[j].first, common))
           throw Error("checkpoint::save: shards of tensor '" + key + "' overlap: offsets " +
-                      shape_str(list[j].first.offsets) + " sizes " + shape_str(list[j].first.sizes) + " (rank(s) " +
-                      rank_list(list[j].second) + ") and offsets " + shape_str(list[i].first.offsets) + " sizes " +
-                      shape_str(list[i].first.sizes) + " (rank(s) " + rank_list(list[i].second) + ")");
+                      shape_string(list[j].first.offsets) + " sizes " + shape_string(list[j].first.sizes) + " (rank(s) " +
+                      rank_list(list[j].second) + ") and offsets " + shape_string(list[i].first.offsets) + " sizes " +
+                      shape_string(list[i].first.sizes) + " (rank(s) " + rank_list(list[i].second) + ")");
       }
       volume += numel(list[i].first.sizes);
       const int64_t bytes = numel(list[i].first.sizes) * element_size(dtype);
@@ -219,7 +219,7 @@ GlobalPlan make_plan(const std::vector<std::string>& plans) {
     }
     if (volume != numel(shape))
       throw Error("checkpoint::save: the ranks' shards of tensor '" + key + "' cover " + std::to_string(volume) +
-                  " of the " + std::to_string(numel(shape)) + " elements of its global shape " + shape_str(shape));
+                  " of the " + std::to_string(numel(shape)) + " elements of its global shape " + shape_string(shape));
   }
   for (int r = 0; r < n; ++r) {
     std::vector<TensorSpec> specs;

@@ -14,6 +14,7 @@
 #include <fsdpp/error.h>
 
 #include "comm/process_group_impl.h"
+#include "compat/tcp_store_options.h"
 
 namespace fsdpp {
 namespace {
@@ -136,7 +137,7 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o) {
   // under the attempt's prefix, as PyTorch's own init_process_group does.
   const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   const bool use_agent_store = o.init_method_ == "env://" && agent_store && std::string(agent_store) == "True";
-  c10d::TCPStoreOptions store_options;
+  c10d::TCPStoreOptions store_options = compat::tcp_store_options();
   store_options.port = static_cast<std::uint16_t>(port);
   store_options.isServer = r.rank == 0 && !use_agent_store;
   store_options.numWorkers = r.world_size;
@@ -167,11 +168,17 @@ void wait_for_members(const detail::ProcessGroupImpl& g, const c10::intrusive_pt
   try {
     store->wait(keys, g.timeout);
   } catch (const std::exception& e) {
+    const std::string what = "rendezvous of " + g.where() + " with ranks " + list_ranks(g.ranks) +
+                             " did not complete within " + std::to_string(g.timeout.count()) + " ms: ";
     std::vector<int> missing;
-    for (int r = 0; r < g.size(); ++r)
-      if (!store->check({key(r)})) missing.push_back(g.ranks[r]);
-    throw Error("rendezvous of " + g.where() + " with ranks " + list_ranks(g.ranks) + " did not complete within " +
-                std::to_string(g.timeout.count()) + " ms: rank(s) " + list_ranks(missing) + " did not arrive");
+    try {
+      for (int r = 0; r < g.size(); ++r)
+        if (!store->check({key(r)})) missing.push_back(g.ranks[r]);
+    } catch (const std::exception&) {
+      // The store's server (rank 0 of a TCP store) may have timed out and exited first.
+      throw Error(what + "the store became unreachable before the missing ranks could be named");
+    }
+    throw Error(what + "rank(s) " + list_ranks(missing) + " did not arrive");
   }
 }
 

@@ -34,10 +34,11 @@ FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOpti
   register_module("_fsdp_wrapped_module", module_);
   if (options_.auto_wrap_policy_) detail::apply_auto_wrap_policy(*module_, *options_.auto_wrap_policy_, options_);
   const std::string unit = module_->name();
+  ProcessGroup group = shard_group_of(options_, unit);
+  options_.reshard_after_forward_.check(group.size(), unit, group.name());
   // Parameters owned by inner units stay theirs.
-  state_ = std::make_shared<detail::FSDPState>(unit, detail::unwrapped_parameters(*module_),
-                                               shard_group_of(options_, unit), options_.reshard_after_forward_,
-                                               options_.reshard_after_forward_size_);
+  state_ = std::make_shared<detail::FSDPState>(unit, detail::unwrapped_parameters(*module_), std::move(group),
+                                               options_.reshard_after_forward_);
   state_->register_self();
 }
 
@@ -87,9 +88,8 @@ void FSDPModule::reshard() {
 }
 
 void FSDPModule::set_reshard_after_forward(bool value, bool recurse) {
-  state_->set_reshard_after_forward(value);
+  if (auto* group = state_->param_group()) group->set_reshard_after_forward(value);
   options_.reshard_after_forward_ = value;
-  options_.reshard_after_forward_size_ = 0;
   if (!recurse) return;
   for (const auto& m : module_->modules())
     if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_reshard_after_forward(value, false);

@@ -1,21 +1,16 @@
 #include "fsdp/fsdp_param.h"
 
 #include <algorithm>
-#include <sstream>
 
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <fsdpp/error.h>
 
+#include "common/shape_string.h"
+
 namespace fsdpp::detail {
 namespace {
-
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream out;
-  out << s;
-  return out.str();
-}
 
 bool same_binding(const at::Tensor& a, const at::Tensor& b) {
   return a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
@@ -62,8 +57,8 @@ void FSDPParam::init_sharded(const at::Tensor& padded_chunk) {
 
 void FSDPParam::rebind_sharded(const at::Tensor& padded_chunk) {
   if (param_.sizes() != sharded_view_.sizes())
-    throw Error("FSDP parameter '" + fqn_ + "' was replaced by a tensor of shape " + shape_str(param_.sizes()) +
-                " while sharded; expected its shard " + shape_str(sharded_view_.sizes()));
+    throw Error("FSDP parameter '" + fqn_ + "' was replaced by a tensor of shape " + shape_string(param_.sizes()) +
+                " while sharded; expected its shard " + shape_string(sharded_view_.sizes()));
   at::NoGradGuard no_grad;
   padded_chunk_ = padded_chunk;
   sharded_view_ = padded_chunk.narrow(0, 0, local_rows_ * row_numel_).view(sharded_size_);
@@ -105,9 +100,9 @@ void FSDPParam::to_sharded() {
 void FSDPParam::check_sharded_data() {
   if (!sharded_ || same_binding(param_, sharded_view_)) return;
   if (param_.sizes() != sharded_view_.sizes() || param_.scalar_type() != sharded_view_.scalar_type())
-    throw Error("FSDP parameter '" + fqn_ + "' was replaced by a tensor of shape " + shape_str(param_.sizes()) + " " +
+    throw Error("FSDP parameter '" + fqn_ + "' was replaced by a tensor of shape " + shape_string(param_.sizes()) + " " +
                 std::string(c10::toString(param_.scalar_type())) + " while sharded; expected its shard " +
-                shape_str(sharded_view_.sizes()) + " " + std::string(c10::toString(sharded_view_.scalar_type())) +
+                shape_string(sharded_view_.sizes()) + " " + std::string(c10::toString(sharded_view_.scalar_type())) +
                 " (changing the dtype or shape after wrapping is not supported)");
   at::NoGradGuard no_grad;
   sharded_view_.copy_(param_.detach());

@@ -30,17 +30,14 @@ void sleep_ms(int ms) {
 }  // namespace
 
 FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
-                               std::string unit_name, int post_forward_size)
-    : unit_name_(std::move(unit_name)), group_(std::move(group)) {
-  if (!group_.is_member()) throw Error("fully_shard of " + unit_name_ + ": this rank is not a member of group " + group_.name());
-  rank_ = group_.rank();
-  world_size_ = group_.size();
-  if (post_forward_size < 0 || (post_forward_size > 0 && world_size_ % post_forward_size != 0))
-    throw Error("fully_shard of " + unit_name_ + ": reshard_after_forward = " + std::to_string(post_forward_size) +
-                " must divide the shard group's size " + std::to_string(world_size_) + " (group " + group_.name() + ")");
-  if (post_forward_size > 1 && post_forward_size < world_size_) {
-    post_forward_size_ = post_forward_size;
-    post_forward_group_ = detail::consecutive_subgroup(group_, post_forward_size_);
+                               std::string unit_name, ReshardPolicy reshard_after_forward)
+    : unit_name_(std::move(unit_name)), process_group_(std::move(group)), reshard_policy_(reshard_after_forward) {
+  if (!process_group_.is_member()) throw Error("fully_shard of " + unit_name_ + ": this rank is not a member of group " + process_group_.name());
+  rank_ = process_group_.rank();
+  world_size_ = process_group_.size();
+  post_forward_size_ = reshard_policy_.post_forward_size(world_size_);
+  if (post_forward_size_ > 0) {
+    post_forward_group_ = detail::consecutive_subgroup(process_group_, post_forward_size_);
   }
   if (params.empty()) throw Error("fully_shard of " + unit_name_ + ": no parameters to shard");
   const at::Tensor& first = params.front().second;
@@ -83,10 +80,10 @@ void FSDPParamGroup::check_same_on_all_ranks() {
   }
   const int64_t h = static_cast<int64_t>(std::hash<std::string>{}(description) >> 1);
   at::Tensor t = at::tensor(std::vector<int64_t>{h, -h}, at::kLong);
-  all_reduce(t, ReduceOp::MAX, group_);
+  all_reduce(t, ReduceOp::MAX, process_group_);
   if (t[0].item<int64_t>() != h || t[1].item<int64_t>() != -h)
-    throw Error("fully_shard of " + unit_name_ + ": the ranks' models differ; rank " + std::to_string(group_.rank()) +
-                " of group " + group_.name() + " has " + description + "build the same model on every rank");
+    throw Error("fully_shard of " + unit_name_ + ": the ranks' models differ; rank " + std::to_string(process_group_.rank()) +
+                " of group " + process_group_.name() + " has " + description + "build the same model on every rank");
 }
 
 void FSDPParamGroup::bind_flat_buffers(const at::TensorOptions& options, bool initial) {
@@ -157,7 +154,7 @@ void FSDPParamGroup::unshard(bool use_post_forward_shard) {
   handle_dtype_change();
   for (auto& p : params_) p.check_sharded_data();
   all_gather_output_ = at::empty({shard_numel_ * world_size_}, sharded_flat_.options());
-  all_gather_work_ = all_gather_into_tensor(all_gather_output_, sharded_flat_, group_, /*async_op=*/true);
+  all_gather_work_ = all_gather_into_tensor(all_gather_output_, sharded_flat_, process_group_, /*async_op=*/true);
 }
 
 void FSDPParamGroup::drop_post_forward_shard() {
@@ -178,6 +175,7 @@ void FSDPParamGroup::write_back_unsharded() {
 }
 
 void FSDPParamGroup::reshard_after_forward() {
+  if (!reshard_policy_.reshards()) return;
   if (post_forward_size_ == 0 || !unsharded_) {
     reshard();
     return;
@@ -299,7 +297,7 @@ bool FSDPParamGroup::post_backward() {
   reshard();
   reduce_scatter_output_ = at::empty({shard_numel_}, sharded_flat_.options());
   sleep_ms(testing_delays().before_reduce_scatter_ms);
-  reduce_scatter_work_ = reduce_scatter_tensor(reduce_scatter_output_, reduce_scatter_input_, ReduceOp::AVG, group_,
+  reduce_scatter_work_ = reduce_scatter_tensor(reduce_scatter_output_, reduce_scatter_input_, ReduceOp::AVG, process_group_,
                                                /*async_op=*/true);
   return true;
 }

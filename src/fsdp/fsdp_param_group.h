@@ -22,6 +22,7 @@
 #include <ATen/ATen.h>
 
 #include <fsdpp/process_group.h>
+#include <fsdpp/reshard_policy.h>
 #include <fsdpp/work.h>
 
 #include "fsdp/fsdp_param.h"
@@ -39,15 +40,15 @@ FSDPTestingDelays& testing_delays();
 
 class FSDPParamGroup {
  public:
-  // post_forward_size: k of reshard_after_forward = k (0 or the group size: reshard fully).
+  // The policy is checked against the group by the caller.
   FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group, std::string unit_name,
-                 int post_forward_size = 0);
+                 ReshardPolicy reshard_after_forward = {});
   ~FSDPParamGroup();
   FSDPParamGroup(const FSDPParamGroup&) = delete;
   FSDPParamGroup& operator=(const FSDPParamGroup&) = delete;
 
   const std::vector<FSDPParam>& fsdp_params() const { return params_; }
-  const ProcessGroup& process_group() const { return group_; }
+  const ProcessGroup& process_group() const { return process_group_; }
   int64_t sharded_numel() const { return shard_numel_; }
   int64_t unsharded_numel() const { return shard_numel_ * world_size_; }
 
@@ -64,12 +65,12 @@ class FSDPParamGroup {
   // Copies this rank's rows of the unsharded parameters into the shards (summon_full_params
   // with writeback).
   void write_back_unsharded();
-  // After forward: reshard, keeping the k-way post-forward shard when k was given.
+  // After forward, as the reshard policy says: nothing, reshard, or reshard keeping the k-way
+  // post-forward shard.
   void reshard_after_forward();
   bool has_post_forward_shard() const { return post_forward_shard_.defined(); }
-  int post_forward_size() const { return post_forward_size_; }
-  // The k-way group this rank gathers from in backward (undefined without k).
-  const ProcessGroup& post_forward_group() const { return post_forward_group_; }
+  // set_reshard_after_forward: a bool from now on (no post-forward shard).
+  void set_reshard_after_forward(bool v) { reshard_policy_ = v; post_forward_size_ = 0; }
 
   // Takes the full gradients the unit's backward left in `.grad`, starts the reduce-scatter
   // of their average and reshards. Returns false when no parameter had a gradient.
@@ -104,7 +105,7 @@ class FSDPParamGroup {
   void drop_post_forward_shard();
 
   std::string unit_name_;
-  ProcessGroup group_;
+  ProcessGroup process_group_;
   int rank_ = 0;
   int world_size_ = 1;
   std::vector<FSDPParam> params_;
@@ -115,7 +116,8 @@ class FSDPParamGroup {
   at::Tensor unsharded_flat_;
   bool unsharded_ = false;
 
-  int post_forward_size_ = 0;
+  ReshardPolicy reshard_policy_;
+  int post_forward_size_ = 0;  // k of the post-forward shard, 0 when none is kept
   ProcessGroup post_forward_group_;
   at::Tensor post_forward_shard_;
 

@@ -62,9 +62,8 @@ int64_t FSDPState::next_id() {
 }
 
 FSDPState::FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
-                     bool reshard_after_forward, int post_forward_size)
-    : id_(next_id()), name_(std::move(name)), process_group_(std::move(group)),
-      reshard_after_forward_(reshard_after_forward && post_forward_size != 1) {
+                     ReshardPolicy reshard_after_forward)
+    : id_(next_id()), name_(std::move(name)), process_group_(std::move(group)) {
   auto& r = registry();
   {
     std::lock_guard<std::mutex> lock(r.mutex);
@@ -76,8 +75,7 @@ FSDPState::FSDPState(std::string name, std::vector<std::pair<std::string, at::Te
     }
   }
   if (!params.empty()) {
-    group_.emplace(params, process_group_, name_, reshard_after_forward_ ? post_forward_size : 0);
-    keep_post_forward_shard_ = group_->post_forward_size() > 0;
+    param_group_.emplace(params, process_group_, name_, reshard_after_forward);
   }
   std::lock_guard<std::mutex> lock(r.mutex);
   for (auto& [fqn, p] : params) r.sharded[p.unsafeGetTensorImpl()] = name_;
@@ -87,8 +85,8 @@ FSDPState::~FSDPState() {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.states.erase(id_);
-  if (group_)
-    for (const auto& p : group_->fsdp_params()) r.sharded.erase(p.param().unsafeGetTensorImpl());
+  if (param_group_)
+    for (const auto& p : param_group_->fsdp_params()) r.sharded.erase(p.param().unsafeGetTensorImpl());
 }
 
 std::shared_ptr<FSDPState> FSDPState::find(int64_t id) {
@@ -139,30 +137,25 @@ void FSDPState::pre_forward() {
       if (auto s = w.lock()) {
         s->ran_pre_backward_ = false;
         s->ran_post_backward_ = false;
-        if (s->group_) s->group_->finalize_backward();
+        if (s->param_group_) s->param_group_->finalize_backward();
       }
   }
   training_state_ = TrainingState::kForward;
   auto root = root_.lock();
   if (root && root->recording_order_) root->record_pre_forward(this);
-  if (group_) group_->unshard();
+  if (param_group_) param_group_->unshard();
   if (has_explicit_forward_prefetch_) {
     for (auto& w : explicit_forward_prefetch_)
       if (auto target = w.lock())
-        if (target->group_) target->group_->unshard();
+        if (target->param_group_) target->param_group_->unshard();
   } else if (auto next = forward_prefetch_.lock()) {
-    if (next->group_) next->group_->unshard();
+    if (next->param_group_) next->param_group_->unshard();
   }
-  if (group_) group_->wait_for_unshard();
+  if (param_group_) param_group_->wait_for_unshard();
 }
 
 void FSDPState::post_forward() {
-  if (group_ && reshard_after_forward_ && !is_root_) {
-    if (keep_post_forward_shard_)
-      group_->reshard_after_forward();
-    else
-      group_->reshard();
-  }
+  if (param_group_ && !is_root_) param_group_->reshard_after_forward();
   training_state_ = TrainingState::kIdle;
   auto root = root_.lock();
   if (root && root->recording_order_) {
@@ -195,15 +188,15 @@ void FSDPState::pre_backward() {
   if (ran_pre_backward_) return;
   ran_pre_backward_ = true;
   training_state_ = TrainingState::kPreBackward;
-  if (group_) group_->unshard(/*use_post_forward_shard=*/true);
+  if (param_group_) param_group_->unshard(/*use_post_forward_shard=*/true);
   if (has_explicit_backward_prefetch_) {
     for (auto& w : explicit_backward_prefetch_)
       if (auto target = w.lock())
-        if (target->group_ && !target->ran_post_backward_) target->group_->unshard(true);
+        if (target->param_group_ && !target->ran_post_backward_) target->param_group_->unshard(true);
   } else if (auto previous = backward_prefetch_.lock()) {
-    if (previous->group_ && !previous->ran_post_backward_) previous->group_->unshard(true);
+    if (previous->param_group_ && !previous->ran_post_backward_) previous->param_group_->unshard(true);
   }
-  if (group_) group_->wait_for_unshard();
+  if (param_group_) param_group_->wait_for_unshard();
 }
 
 void FSDPState::post_backward_node_fired() {
@@ -215,13 +208,13 @@ void FSDPState::post_backward() {
   if (ran_post_backward_) return;
   ran_post_backward_ = true;
   training_state_ = TrainingState::kPostBackward;
-  if (group_) group_->post_backward();
+  if (param_group_) param_group_->post_backward();
   // Reduce-scatters that already finished free their buffers now rather than at the end of
   // backward, so backward's memory does not grow with the number of units.
   if (auto root = root_.lock())
     for (auto& w : root->tree_)
       if (auto s = w.lock())
-        if (s->group_ && s->group_->reduce_scatter_done()) s->group_->finalize_backward();
+        if (s->param_group_ && s->param_group_->reduce_scatter_done()) s->param_group_->finalize_backward();
 }
 
 void FSDPState::queue_final_callback() {
@@ -242,16 +235,17 @@ void FSDPState::final_callback() {
   // an input branch backward never reached) finish now, innermost last registered first.
   for (auto it = states.rbegin(); it != states.rend(); ++it) {
     FSDPState& s = **it;
-    if (!s.ran_post_backward_ && s.group_ && (s.ran_pre_backward_ || s.group_->is_unsharded())) s.post_backward();
+    if (!s.ran_post_backward_ && s.param_group_ && (s.ran_pre_backward_ || s.param_group_->is_unsharded())) s.post_backward();
   }
-  if (is_last_backward_)
-    for (auto& s : states)
-      if (s->group_) s->group_->finalize_backward();
+  // Each unit's own flag: set_is_last_backward(false) on an inner unit leaves only its
+  // reduce-scatter in flight.
+  for (auto& s : states)
+    if (s->param_group_ && s->is_last_backward_) s->param_group_->finalize_backward();
   // Drops prefetched gathers and post-forward shards of units that did not run backward.
   for (auto& s : states)
-    if (s->group_) {
-      s->group_->drop_pending_unshard();
-      if (!s->group_->is_unsharded()) s->group_->reshard();
+    if (s->param_group_) {
+      s->param_group_->drop_pending_unshard();
+      if (!s->param_group_->is_unsharded()) s->param_group_->reshard();
     }
   for (auto& s : states) s->reset_iteration();
 }

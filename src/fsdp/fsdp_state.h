@@ -19,9 +19,8 @@ enum class TrainingState { kIdle, kForward, kPreBackward, kPostBackward };
 
 class FSDPState : public std::enable_shared_from_this<FSDPState> {
  public:
-  // post_forward_size: k of reshard_after_forward = k (0: reshard fully).
   FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
-            bool reshard_after_forward, int post_forward_size = 0);
+            ReshardPolicy reshard_after_forward);
   ~FSDPState();
 
   // Autograd nodes find the state by id, so a graph that outlives the module is harmless.
@@ -31,8 +30,8 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   void register_self();
 
   const std::string& name() const { return name_; }
-  FSDPParamGroup* param_group() { return group_ ? &*group_ : nullptr; }
-  const FSDPParamGroup* param_group() const { return group_ ? &*group_ : nullptr; }
+  FSDPParamGroup* param_group() { return param_group_ ? &*param_group_ : nullptr; }
+  const FSDPParamGroup* param_group() const { return param_group_ ? &*param_group_ : nullptr; }
   const ProcessGroup& process_group() const { return process_group_; }
   bool is_root() const { return is_root_; }
   bool lazy_initialized() const { return lazy_initialized_; }
@@ -40,11 +39,6 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   bool in_forward_or_backward() const {
     auto root = root_.lock();
     return training_state_ != TrainingState::kIdle || (root && root->final_callback_queued_);
-  }
-  bool reshard_after_forward() const { return reshard_after_forward_; }
-  void set_reshard_after_forward(bool v) {
-    reshard_after_forward_ = v;
-    keep_post_forward_shard_ = false;
   }
   // Off: the end of backward does not wait for this tree's reduce-scatters (more
   // microbatches follow); they finish at the next forward or backward.
@@ -93,9 +87,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   int64_t id_;
   std::string name_;
   ProcessGroup process_group_;
-  std::optional<FSDPParamGroup> group_;
-  bool reshard_after_forward_ = true;
-  bool keep_post_forward_shard_ = false;  // reshard_after_forward = k
+  std::optional<FSDPParamGroup> param_group_;
   bool is_last_backward_ = true;
   bool is_root_ = false;
   bool lazy_initialized_ = false;

@@ -1,19 +1,14 @@
 #include "state_dict/fsdp_layout.h"
 
-#include <sstream>
 
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 
-namespace fsdpp::detail {
+#include "common/shape_string.h"
 
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream out;
-  out << s;
-  return out.str();
-}
+namespace fsdpp::detail {
 
 namespace {
 
@@ -117,8 +112,8 @@ bool matches_row_layout(const ShardedTensor& st, const std::vector<ShardMetadata
 at::Tensor local_shard_with(const ShardedTensor& st, const ShardMetadata& m) {
   for (const auto& s : st.local_shards())
     if (s.metadata == m) return s.tensor;
-  throw Error("ShardedTensor: no local shard at offsets " + shape_str(m.shard_offsets) + " of size " +
-              shape_str(m.shard_sizes) + " on this rank");
+  throw Error("ShardedTensor: no local shard at offsets " + shape_string(m.shard_offsets) + " of size " +
+              shape_string(m.shard_sizes) + " on this rank");
 }
 
 at::Tensor local_rows_from(const ShardedTensor& st, const FSDPParam& p, const ProcessGroup& group) {

@@ -63,6 +63,5 @@ at::Tensor local_rows_from(const ShardedTensor& st, const FSDPParam& p, const Pr
 // Each FSDP parameter's full value, all-gathered per unit (collective over the unit's group).
 std::unordered_map<const FSDPParam*, at::Tensor> gather_full_params(const ModelLayout& layout);
 
-std::string shape_str(at::IntArrayRef s);
 
 }  // namespace fsdpp::detail

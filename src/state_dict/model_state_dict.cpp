@@ -15,13 +15,14 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 
+#include "common/shape_string.h"
 #include "state_dict/fsdp_layout.h"
 
 namespace fsdpp {
 
 using detail::ModelEntry;
 using detail::ModelLayout;
-using detail::shape_str;
+using detail::shape_string;
 
 // ---- the per-model state-dict type ---------------------------------------------------------
 
@@ -239,8 +240,8 @@ std::string join(const std::vector<std::string>& keys) {
 void check_shape(const std::string& api, const std::string& key, const std::vector<int64_t>& given,
                  const std::vector<int64_t>& expected) {
   if (given != expected)
-    throw Error(api + ": size mismatch for '" + key + "': copying a param with shape " + shape_str(given) +
-                " from the state dict, the shape in the current model is " + shape_str(expected));
+    throw Error(api + ": size mismatch for '" + key + "': copying a param with shape " + shape_string(given) +
+                " from the state dict, the shape in the current model is " + shape_string(expected));
 }
 
 // One write of the load, prepared before anything is written.
@@ -395,8 +396,8 @@ IncompatibleKeys load(torch::nn::Module& model, const StateDict& sd, std::option
   for (size_t i = 0; i < writes.size(); ++i) {
     at::Tensor dst = writes[i].dst.detach();
     if (dst.sizes() != sources[i].sizes())
-      throw Error(api + ": internal: shard of shape " + shape_str(sources[i].sizes()) + " for a tensor of shape " +
-                  shape_str(dst.sizes()));
+      throw Error(api + ": internal: shard of shape " + shape_string(sources[i].sizes()) + " for a tensor of shape " +
+                  shape_string(dst.sizes()));
     dst.copy_(sources[i]);
   }
   return result;

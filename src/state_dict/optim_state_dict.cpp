@@ -18,6 +18,7 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 
+#include "common/shape_string.h"
 #include "compat/optimizer_state_key.h"
 #include "optim/optimizer_state.h"
 #include "optim/optimizer_traits.h"
@@ -47,7 +48,7 @@ const ParamInfo& info_of(const std::unordered_map<const c10::TensorImpl*, ParamI
   auto it = by_impl.find(p.unsafeGetTensorImpl());
   if (it == by_impl.end())
     throw Error(api + ": parameter " + std::to_string(index) + " of the optimizer's param group " + std::to_string(group) +
-                " (shape " + detail::shape_str(p.sizes()) + ") is not a parameter of the model");
+                " (shape " + detail::shape_string(p.sizes()) + ") is not a parameter of the model");
   return it->second;
 }
 
@@ -162,8 +163,8 @@ void check_entries(const LoadPlan& plan, const OptimizerStateTraits& traits, con
           pl.entry->fsdp_param ? pl.entry->fsdp_param->unsharded_size() : pl.entry->tensor.sizes().vec();
       if (value.sizes() != expected)
         throw Error(api + ": size mismatch for '" + key + "' entry '" + name + "': the state dict has shape " +
-                    detail::shape_str(value.sizes()) + ", the parameter in the current model has " +
-                    detail::shape_str(expected));
+                    detail::shape_string(value.sizes()) + ", the parameter in the current model has " +
+                    detail::shape_string(expected));
       if (value.is_sharded() && !pl.entry->fsdp_param)
         throw Error(api + ": '" + key + "' entry '" + name + "' is a ShardedTensor but the model holds '" + key + "' whole");
     }

@@ -1,7 +1,6 @@
 #include <fsdpp/sharded_tensor.h>
 
 #include <algorithm>
-#include <sstream>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -9,17 +8,15 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 
+#include "common/shape_string.h"
+
 namespace fsdpp {
+using detail::shape_string;
+
 namespace {
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::ostringstream out;
-  out << at::IntArrayRef(s);
-  return out.str();
-}
-
 std::string describe(const ShardMetadata& m) {
-  return "shard at offsets " + shape_str(m.shard_offsets) + " of size " + shape_str(m.shard_sizes) + " on rank " +
+  return "shard at offsets " + shape_string(m.shard_offsets) + " of size " + shape_string(m.shard_sizes) + " on rank " +
          std::to_string(m.placement);
 }
 
@@ -53,10 +50,10 @@ void check_layout(const std::vector<ShardMetadata>& shards, const std::vector<in
                   " ranks");
     if (m.shard_offsets.size() != size.size() || m.shard_sizes.size() != size.size())
       throw Error("ShardedTensor: " + describe(m) + " has another number of dimensions than the global size " +
-                  shape_str(size));
+                  shape_string(size));
     for (size_t d = 0; d < size.size(); ++d)
       if (m.shard_offsets[d] < 0 || m.shard_sizes[d] < 0 || m.shard_offsets[d] + m.shard_sizes[d] > size[d])
-        throw Error("ShardedTensor: " + describe(m) + " lies outside the global size " + shape_str(size));
+        throw Error("ShardedTensor: " + describe(m) + " lies outside the global size " + shape_string(size));
     covered += m.numel();
   }
   for (size_t i = 0; i < shards.size(); ++i)
@@ -65,14 +62,14 @@ void check_layout(const std::vector<ShardMetadata>& shards, const std::vector<in
         throw Error("ShardedTensor: " + describe(shards[i]) + " overlaps " + describe(shards[j]));
   if (covered != numel)
     throw Error("ShardedTensor: the shards cover " + std::to_string(covered) + " of the " + std::to_string(numel) +
-                " elements of global size " + shape_str(size) + "; every element needs exactly one shard");
+                " elements of global size " + shape_string(size) + "; every element needs exactly one shard");
 }
 
 // Throws unless the local shard's tensor has the metadata's shape and the dtype.
 std::string local_shard_problem(const Shard& s, at::ScalarType dtype) {
   if (!s.tensor.defined()) return "local " + describe(s.metadata) + " has no tensor";
   if (s.tensor.sizes().vec() != s.metadata.shard_sizes)
-    return "local " + describe(s.metadata) + " holds a tensor of shape " + shape_str(s.tensor.sizes().vec());
+    return "local " + describe(s.metadata) + " holds a tensor of shape " + shape_string(s.tensor.sizes().vec());
   if (s.tensor.scalar_type() != dtype)
     return "local " + describe(s.metadata) + " is " + std::string(c10::toString(s.tensor.scalar_type())) +
            " but the sharded tensor is " + c10::toString(dtype);
@@ -90,7 +87,7 @@ int64_t ShardMetadata::numel() const {
 Shard Shard::from_tensor_and_offsets(at::Tensor tensor, std::vector<int64_t> offsets, int rank) {
   if (static_cast<int64_t>(offsets.size()) != tensor.dim())
     throw Error("Shard::from_tensor_and_offsets: " + std::to_string(offsets.size()) + " offsets for a tensor of shape " +
-                shape_str(tensor.sizes().vec()));
+                shape_string(tensor.sizes().vec()));
   Shard s;
   s.metadata.shard_offsets = std::move(offsets);
   s.metadata.shard_sizes = tensor.sizes().vec();
@@ -146,8 +143,8 @@ ShardedTensor ShardedTensor::from_local_shards(std::vector<Shard> local_shards, 
     const int64_t ndim = p[2];
     std::vector<int64_t> rsize(p + 3, p + 3 + ndim);
     if (rsize != global_size)
-      throw Error("ShardedTensor::from_local_shards: rank " + std::to_string(r) + " gives global size " + shape_str(rsize) +
-                  " but rank " + std::to_string(rank) + " gives " + shape_str(global_size));
+      throw Error("ShardedTensor::from_local_shards: rank " + std::to_string(r) + " gives global size " + shape_string(rsize) +
+                  " but rank " + std::to_string(rank) + " gives " + shape_string(global_size));
     const int64_t* q = p + 3 + ndim;
     const int64_t nshards = *q++;
     if (nshards > 0) {

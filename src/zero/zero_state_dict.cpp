@@ -10,21 +10,18 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/zero_redundancy_optimizer.h>
 
+#include "common/shape_string.h"
 #include "compat/optimizer_state_key.h"
 #include "optim/optimizer_state.h"
 
 namespace fsdpp {
+using detail::shape_string;
+
 namespace {
 
 using torch::optim::OptimizerParamState;
 using torch::serialize::InputArchive;
 using torch::serialize::OutputArchive;
-
-std::string shape_string(at::IntArrayRef sizes) {
-  std::ostringstream out;
-  out << sizes;
-  return out.str();
-}
 
 // Each rank's bytes to group rank `to`, in rank order there (empty elsewhere): sizes by
 // all_reduce, then one all_to_all in which only `to` receives.

@@ -232,6 +232,9 @@ class FullyShardReshardAfterForwardInt : public testing::WorldSizeTest {};
 TEST_P(FullyShardReshardAfterForwardInt, TrainParityAndCommPerStep) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     const int n = ctx.world_size;
+    // PyTorch refuses 0 (neither a bool nor a group size), and so do we.
+    std::string zero = testing::error_of([] { FSDPLinear(Linear(3, 4), FullyShardOptions().reshard_after_forward(0)); });
+    EXPECT_NE(zero.find("reshard_after_forward = 0 is not allowed"), std::string::npos) << zero;
     if (n % 2 != 0) {
       // 2 does not divide an odd group: a clear error when wrapping.
       std::string error = testing::error_of([] { FSDPLinear(Linear(3, 4), FullyShardOptions().reshard_after_forward(2)); });
@@ -388,6 +391,44 @@ TEST_P(FullyShardGradientAccumulation, OneFOneBMicrobatching) {
       }
   });
 }
+
+// set_is_last_backward on one inner unit applies to that unit: with every other unit's flag
+// off, that unit alone waits at the end of backward, so its gradient shards are written when
+// backward returns (the others may still be in flight). The next forward finishes the rest, and
+// every gradient then equals a run in which all units waited.
+class FullyShardIsLastBackward : public testing::WorldSizeTest {};
+
+TEST_P(FullyShardIsLastBackward, InnerUnitFlagAppliesToThatUnit) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    torch::manual_seed(7 + ctx.rank);
+    const at::Tensor x = torch::rand({4, 7});
+    auto train = [&](bool all_wait) {
+      torch::manual_seed(42);
+      FSDPSequential model(make_multi_group(true, FullyShardOptions()), FullyShardOptions());
+      auto* first = dynamic_cast<FSDPModule*>(model->module()->ptr(0).get());
+      model->set_is_last_backward(all_wait);  // the root and every unit inside it
+      first->set_is_last_backward(true);
+      model->forward(x).sum().backward();
+      for (const auto& p : first->parameters())
+        EXPECT_TRUE(p.grad().defined()) << "the unit whose flag is on waited for its gradient";
+      model->set_is_last_backward(true);
+      at::NoGradGuard no_grad;
+      model->forward(x);  // the root's next forward finishes what is in flight
+      model->reshard();   // the root keeps its parameters gathered after forward
+      std::vector<at::Tensor> grads;
+      for (const auto& p : model->parameters()) grads.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
+      return grads;
+    };
+    const auto waited = train(true), deferred = train(false);
+    ASSERT_EQ(waited.size(), deferred.size());
+    for (size_t i = 0; i < waited.size(); ++i) {
+      ASSERT_TRUE(waited[i].defined() && deferred[i].defined()) << "parameter " << i;
+      EXPECT_TRUE(at::equal(waited[i], deferred[i])) << "parameter " << i;
+    }
+  });
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardIsLastBackward);
 
 // ---------------------------------------------------------------------------------------------
 // summon_full_params

@@ -14,6 +14,7 @@
 #include "compat/optimizer_state_key.h"
 #include "dist/world_sizes.h"
 #include "dist/zero_suite.h"
+#include "harness/error_of.h"
 #include "harness/multi_process.h"
 
 namespace zero_test {
@@ -28,15 +29,7 @@ using LossClosure = torch::optim::Optimizer::LossClosure;
 template <typename O>
 using ZeRO = fsdpp::ZeroRedundancyOptimizer<O>;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const fsdpp::Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using fsdpp::testing::error_of;
 
 auto key_of(const torch::Tensor& p) { return fsdpp::compat::optimizer_state_key(p); }
 

@@ -49,10 +49,10 @@ std::string inspect(const std::string& dir) {
           << "\n";
       continue;
     }
-    out << key << "  " << e.dtype << " " << shape_str(e.shape) << "  " << numel(e.shape) * element_size(e.dtype)
+    out << key << "  " << e.dtype << " " << shape_string(e.shape) << "  " << numel(e.shape) * element_size(e.dtype)
         << " bytes in " << e.chunks.size() << " chunk(s)\n";
     for (const auto& c : e.chunks)
-      out << "  offsets " << shape_str(c.offsets) << " sizes " << shape_str(c.sizes) << "  " << c.file << " bytes ["
+      out << "  offsets " << shape_string(c.offsets) << " sizes " << shape_string(c.sizes) << "  " << c.file << " bytes ["
           << c.begin << ", " << c.end << ")  xxh3 " << (c.xxh3_64.empty() ? "-" : c.xxh3_64) << "\n";
   }
   return out.str();
