@@ -15,7 +15,7 @@
 
 namespace fsdpp {
 class StateDict;        // <fsdpp/state_dict.h>
-struct OptimStateDict;  // <fsdpp/optim_state_dict.h>
+struct NamedOptimizerStateDict;  // <fsdpp/optim_state_dict.h>
 }  // namespace fsdpp
 
 namespace fsdpp::checkpoint {
@@ -126,14 +126,14 @@ void load(StateDict& sd, const std::string& dir, const LoadOptions& options = {}
 // (tensors as in the dict: whole or the rank's rows), prefix + "param_groups.<g>.params" (the
 // parameter keys joined by '\n') and prefix + "param_groups.<g>.options" (bytes: libtorch's
 // serialization of the group's options).
-State to_state(const OptimStateDict& osd, const std::string& prefix);
+State to_state(const NamedOptimizerStateDict& osd, const std::string& prefix);
 struct Metadata;
 // The optimizer state dict to load what to_state(osd, prefix) saved into, for a fresh optimizer
 // (which has no state yet): for each parameter of `model_sd` (the model's SHARDED or FULL state
 // dict), every state entry the checkpoint records for it, allocated and sharded like the
 // parameter (whole when shaped otherwise, e.g. "step"), and the param groups as saved. Fill it
 // with load(to_state(result, prefix), ...), then hand it to set_optimizer_state_dict.
-OptimStateDict optim_state_dict_to_load(const Metadata& metadata, const StateDict& model_sd,
+NamedOptimizerStateDict optim_state_dict_to_load(const Metadata& metadata, const StateDict& model_sd,
                                         const std::string& prefix);
 
 // The metadata file, parsed (see docs/checkpoint-format.md).

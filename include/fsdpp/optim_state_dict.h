@@ -29,7 +29,11 @@
 
 namespace fsdpp {
 
-struct OptimStateDict {
+// Parameters are named by their plain model keys, so a dict loads into any sharding of the same
+// model. Its sibling IndexedOptimizerStateDict (<fsdpp/indexed_optimizer_state_dict.h>) is the
+// positional libtorch-archive layout ZeroRedundancyOptimizer uses; an index says nothing about
+// which parameter it is without the optimizer that wrote it, so the two layouts stay apart.
+struct NamedOptimizerStateDict {
   struct ParamGroup {
     // The group's parameters by their plain model keys (a tied parameter by its first key).
     std::vector<std::string> params;
@@ -49,24 +53,27 @@ struct OptimStateDict {
   bool rank0_only_placeholder = false;
 };
 
+// The name before the positional / named distinction was spelled out.
+using OptimStateDict [[deprecated("renamed fsdpp::NamedOptimizerStateDict")]] = NamedOptimizerStateDict;
+
 // Collective over each FSDP unit's group (every rank takes part, also with rank0_only).
-OptimStateDict get_optimizer_state_dict(torch::nn::Module& model, const torch::optim::Optimizer& optim,
+NamedOptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torch::optim::Optimizer& optim,
                                         const StateDictOptions& options = {});
 // Loads FULL or SHARDED state into `optim` (built over `model`'s parameters, at any world size):
 // the param groups must list the same parameter keys; every shape is checked before anything
 // changes; the optimizer's state and group options are then replaced. A ShardedTensor sharded
 // differently from the model is redistributed (collective over its group).
-void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer& optim, const OptimStateDict& sd,
+void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer& optim, const NamedOptimizerStateDict& sd,
                               const StateDictOptions& options = {});
 
 template <typename M>
-OptimStateDict get_optimizer_state_dict(const torch::nn::ModuleHolder<M>& model, const torch::optim::Optimizer& optim,
+NamedOptimizerStateDict get_optimizer_state_dict(const torch::nn::ModuleHolder<M>& model, const torch::optim::Optimizer& optim,
                                         const StateDictOptions& options = {}) {
   return get_optimizer_state_dict(*model.ptr(), optim, options);
 }
 template <typename M>
 void set_optimizer_state_dict(const torch::nn::ModuleHolder<M>& model, torch::optim::Optimizer& optim,
-                              const OptimStateDict& sd, const StateDictOptions& options = {}) {
+                              const NamedOptimizerStateDict& sd, const StateDictOptions& options = {}) {
   set_optimizer_state_dict(*model.ptr(), optim, sd, options);
 }
 
@@ -84,10 +91,10 @@ void init_optimizer_state(torch::optim::Optimizer& optim);
 // The state entries as one StateDict keyed "state.<parameter key>.<entry>" (PyTorch's flattened
 // optimizer state dict keys), sharing osd's tensors and shards. Hyperparameters stay in
 // osd.param_groups.
-StateDict flatten_optimizer_state(const OptimStateDict& osd);
+StateDict flatten_optimizer_state(const NamedOptimizerStateDict& osd);
 
 // torch::save / torch::load of a FULL optimizer state dict (whole tensors only).
-void operator<<(torch::serialize::OutputArchive& archive, const OptimStateDict& sd);
-void operator>>(torch::serialize::InputArchive& archive, OptimStateDict& sd);
+void operator<<(torch::serialize::OutputArchive& archive, const NamedOptimizerStateDict& sd);
+void operator>>(torch::serialize::InputArchive& archive, NamedOptimizerStateDict& sd);
 
 }  // namespace fsdpp

@@ -19,98 +19,17 @@
 #include <vector>
 
 #include <c10/core/Device.h>
-#include <torch/optim/adagrad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
-#include <torch/optim/rmsprop.h>
-#include <torch/optim/sgd.h>
 #include <torch/serialize/archive.h>
 
 #include <fsdpp/error.h>
+#include <fsdpp/indexed_optimizer_state_dict.h>
 #include <fsdpp/join.h>
+#include <fsdpp/optimizer_traits.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/work.h>
 
 namespace fsdpp {
-
-// ---------------------------------------------------------------------------------------------
-// Optimizer state dicts in libtorch's layout.
-// ---------------------------------------------------------------------------------------------
-
-// The types of a wrapped optimizer's options and per-parameter state. Built in for libtorch's
-// SGD, Adam, AdamW, RMSprop and Adagrad and every class derived from them; specialize it for an
-// optimizer that derives directly from torch::optim::Optimizer:
-//   template <> struct fsdpp::OptimizerTraits<MyOpt> { using Options = MyOptions; using ParamState = MyParamState; };
-template <typename O, typename Enable = void>
-struct OptimizerTraits;
-
-#define FSDPP_OPTIMIZER_TRAITS(Opt)                                                            \
-  template <typename O>                                                                        \
-  struct OptimizerTraits<O, std::enable_if_t<std::is_base_of<torch::optim::Opt, O>::value>> { \
-    using Options = torch::optim::Opt##Options;                                                \
-    using ParamState = torch::optim::Opt##ParamState;                                          \
-  };
-FSDPP_OPTIMIZER_TRAITS(SGD)
-FSDPP_OPTIMIZER_TRAITS(Adam)
-FSDPP_OPTIMIZER_TRAITS(AdamW)
-FSDPP_OPTIMIZER_TRAITS(RMSprop)
-FSDPP_OPTIMIZER_TRAITS(Adagrad)
-#undef FSDPP_OPTIMIZER_TRAITS
-
-// An optimizer's whole state (PyTorch's optimizer.state_dict()), in memory. Parameters are
-// named by their position in the optimizer: indices 0, 1, ... run through param_groups in
-// order, as in PyTorch. Copies are deep (options and state are cloned).
-//
-// save() / to_bytes() write libtorch's optimizer archive layout ("pytorch_version", "state",
-// "param_groups" with "params/i" keys and "options"), so `torch::load(plain_optimizer, stream)`
-// reads it; from_bytes() reads archives written by libtorch (`torch::save(plain_optimizer, ...)`)
-// as well. Note that libtorch's own Optimizer::load restores the state but not the options;
-// ZeroRedundancyOptimizer::load_state_dict restores both.
-struct OptimizerStateDict {
-  struct ParamGroup {
-    std::vector<int64_t> params;
-    std::unique_ptr<torch::optim::OptimizerOptions> options;
-  };
-  std::vector<ParamGroup> param_groups;
-  std::map<int64_t, std::unique_ptr<torch::optim::OptimizerParamState>> state;
-
-  OptimizerStateDict() = default;
-  OptimizerStateDict(const OptimizerStateDict& other);
-  OptimizerStateDict& operator=(const OptimizerStateDict& other);
-  OptimizerStateDict(OptimizerStateDict&&) = default;
-  OptimizerStateDict& operator=(OptimizerStateDict&&) = default;
-
-  // Number of parameters over all groups.
-  int64_t num_params() const;
-
-  // The state of a plain (non-sharded) libtorch optimizer.
-  static OptimizerStateDict from_optimizer(const torch::optim::Optimizer& optimizer);
-
-  void save(torch::serialize::OutputArchive& archive) const;
-  std::string to_bytes() const;
-
-  // Reading needs the concrete types: `options_prototype` is cloned and deserialized for each
-  // group; `make_state` makes an empty per-parameter state to deserialize into.
-  using StateFactory = std::function<std::unique_ptr<torch::optim::OptimizerParamState>()>;
-  static OptimizerStateDict load(torch::serialize::InputArchive& archive,
-                                 const torch::optim::OptimizerOptions& options_prototype,
-                                 const StateFactory& make_state);
-  static OptimizerStateDict from_bytes(const std::string& bytes, const torch::optim::OptimizerOptions& options_prototype,
-                                       const StateFactory& make_state);
-  // For a libtorch optimizer type (or one with OptimizerTraits).
-  template <typename O>
-  static OptimizerStateDict from_bytes(const std::string& bytes) {
-    using Traits = OptimizerTraits<O>;
-    typename Traits::Options prototype(0.0);
-    return from_bytes(bytes, prototype,
-                      [] { return std::make_unique<typename Traits::ParamState>(); });
-  }
-};
-
-// ---------------------------------------------------------------------------------------------
-// ZeroRedundancyOptimizer
-// ---------------------------------------------------------------------------------------------
 
 // The optimizer-independent part. It is a torch::optim::Optimizer (so LR schedulers such as
 // torch::optim::StepLR drive it): its param_groups() hold all parameters with the options that
@@ -150,15 +69,15 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   void consolidate_state_dict(int to = 0);
   // The consolidated state (libtorch layout; indices as in param_groups()). Throws on a rank
   // that did not consolidate, or when the consolidated state went stale.
-  OptimizerStateDict state_dict() const;
+  IndexedOptimizerStateDict state_dict() const;
   // Restores state and options (the loaded options win over the constructor's) from a state
   // dict of the whole optimizer, saved at any world size (or by a plain optimizer with the same
   // param groups). Local, no communication. Validates everything first (group and parameter
   // counts, option and state types, state tensor shapes) and changes nothing on error.
-  void load_state_dict(const OptimizerStateDict& state_dict);
-  // Parses bytes written by OptimizerStateDict::to_bytes (or torch::save of an optimizer of
+  void load_state_dict(const IndexedOptimizerStateDict& state_dict);
+  // Parses bytes written by IndexedOptimizerStateDict::to_bytes (or torch::save of an optimizer of
   // this type) with this optimizer's types.
-  OptimizerStateDict state_dict_from_bytes(const std::string& bytes) const;
+  IndexedOptimizerStateDict state_dict_from_bytes(const std::string& bytes) const;
 
   // torch::save(zero, ...) / torch::load(zero, ...): save needs a consolidated state dict on
   // this rank; load is load_state_dict.
@@ -234,13 +153,27 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   virtual void assign_options(torch::optim::OptimizerParamGroup& dst, const torch::optim::OptimizerOptions& src) const = 0;
 
  private:
+  // Broadcasts started by broadcast_params, finished by wait().
+  struct PendingBroadcasts {
+    std::vector<Work> works;
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> copy_back;  // (parameter, contiguous staging)
+    void wait();
+  };
+
+  // Partitioning (partition.cpp).
   void partition_group(size_t group_index);
   void build_buckets();
+  void check_no_duplicates(const std::vector<torch::Tensor>& params) const;
+  // The wrapped optimizer (local_optimizer.cpp).
+  std::vector<torch::Tensor> local_params(size_t group_index) const;
   void build_local_optimizer();
+  void push_options();  // param_groups() -> the wrapped optimizer
+  void pull_options();  // the wrapped optimizer -> param_groups()
   void sync_params();
   void broadcast_params(const std::vector<int64_t>& indices, int src, const ProcessGroup& group,
-                        std::vector<Work>& works, std::vector<std::pair<torch::Tensor, torch::Tensor>>& copy_back);
-  void check_no_duplicates(const std::vector<torch::Tensor>& params) const;
+                        PendingBroadcasts& pending);
+  // State dicts (zero_state_dict.cpp).
+  void invalidate_consolidated(const std::string& why);
 
   ProcessGroup group_;
   int rank_ = 0;
@@ -253,7 +186,7 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   std::vector<int64_t> rank_sizes_;  // elements assigned to each rank so far
   std::vector<std::vector<int64_t>> rank_params_;
   std::vector<torch::Tensor> buckets_;
-  std::unique_ptr<OptimizerStateDict> consolidated_;
+  std::unique_ptr<IndexedOptimizerStateDict> consolidated_;
   std::string consolidated_stale_;  // why consolidated_ went stale, if it did
   int64_t steps_ = 0;
   std::vector<std::vector<int64_t>> bucket_params_;  // overlap_with_ddp: parameter indices per bucket

@@ -621,7 +621,7 @@ torch::optim::AdamOptions adam_options() { return torch::optim::AdamOptions(1e-2
 
 // The FULL optimizer state dict of an FSDP model equals the reference optimizer's state, keyed
 // by the plain parameter names; a SHARDED one holds this rank's rows.
-TEST_P(FSDPStateDict, OptimStateDictFullAndSharded) {
+TEST_P(FSDPStateDict, NamedOptimizerStateDictFullAndSharded) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     Net ref = make_net(Wrap::kNone);
     torch::optim::Adam ref_opt(ref.module->parameters(), adam_options());
@@ -630,7 +630,7 @@ TEST_P(FSDPStateDict, OptimStateDictFullAndSharded) {
       Net net = make_net(wrap);
       torch::optim::Adam opt(net.module->parameters(), adam_options());
       train_with(net, opt, 0, 3, ctx.rank, ctx.world_size);
-      OptimStateDict osd = get_optimizer_state_dict(*net.module, opt, StateDictOptions().full_state_dict(true));
+      NamedOptimizerStateDict osd = get_optimizer_state_dict(*net.module, opt, StateDictOptions().full_state_dict(true));
       ASSERT_EQ(osd.param_groups.size(), 1u);
       EXPECT_EQ(osd.param_groups[0].params, kNetParamKeys);
       ASSERT_EQ(osd.state.size(), kNetParamKeys.size());
@@ -646,7 +646,7 @@ TEST_P(FSDPStateDict, OptimStateDictFullAndSharded) {
       }
       // SHARDED: each FSDP parameter's state as its rows; round trip into a fresh optimizer
       // continues exactly as the original.
-      OptimStateDict sharded = get_optimizer_state_dict(*net.module, opt);
+      NamedOptimizerStateDict sharded = get_optimizer_state_dict(*net.module, opt);
       const auto& exp_avg = sharded.state.at("3.weight").at("exp_avg");
       ASSERT_TRUE(exp_avg.is_sharded());
       EXPECT_TRUE(at::equal(exp_avg.sharded_tensor().full_tensor(), osd.state.at("3.weight").at("exp_avg").tensor()));
@@ -666,7 +666,7 @@ TEST_P(FSDPStateDict, OptimStateDictFullAndSharded) {
 
 // A fresh optimizer's state, initialized, is a template a checkpoint load fills in place
 // through the flattened view; loading it continues training exactly as the original.
-TEST_P(FSDPStateDict, OptimStateDictInitAndFlattenForInPlaceLoad) {
+TEST_P(FSDPStateDict, NamedOptimizerStateDictInitAndFlattenForInPlaceLoad) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     Net net = make_net(Wrap::kNested);
     torch::optim::Adam opt(net.module->parameters(), adam_options());
@@ -678,7 +678,7 @@ TEST_P(FSDPStateDict, OptimStateDictInitAndFlattenForInPlaceLoad) {
     set_model_state_dict(*twin.module, model_sd);
     torch::optim::Adam twin_opt(twin.module->parameters(), adam_options());
     init_optimizer_state(twin_opt);
-    OptimStateDict osd = get_optimizer_state_dict(*twin.module, twin_opt);
+    NamedOptimizerStateDict osd = get_optimizer_state_dict(*twin.module, twin_opt);
     EXPECT_EQ(osd.state.size(), kNetParamKeys.size());
     StateDict flat = flatten_optimizer_state(osd);
     EXPECT_EQ(flat.keys(), saved.keys());
@@ -715,7 +715,7 @@ TEST_P(FSDPStateDict, OptimStateDictInitAndFlattenForInPlaceLoad) {
 // tolerance as above: the ranks sum gradients in another order).
 int resume_world_size(int n) { return n == 1 ? 2 : n == 2 ? 3 : n == 3 ? 1 : 2; }
 
-TEST_P(FSDPStateDict, OptimStateDictResumeAcrossWorldSizes) {
+TEST_P(FSDPStateDict, NamedOptimizerStateDictResumeAcrossWorldSizes) {
   const int n = GetParam(), m = resume_world_size(n);
   run_ranks(std::max(n, m), [n, m](RankContext& ctx) {
     std::vector<int> first_n, first_m;
@@ -729,7 +729,7 @@ TEST_P(FSDPStateDict, OptimStateDictResumeAcrossWorldSizes) {
       torch::optim::Adam opt(net.module->parameters(), adam_options());
       train_with(net, opt, 0, 3, ctx.rank, n);
       StateDict sd = get_model_state_dict(*net.module, StateDictOptions().full_state_dict(true).cpu_offload(true));
-      OptimStateDict osd = get_optimizer_state_dict(*net.module, opt, StateDictOptions().full_state_dict(true).cpu_offload(true));
+      NamedOptimizerStateDict osd = get_optimizer_state_dict(*net.module, opt, StateDictOptions().full_state_dict(true).cpu_offload(true));
       if (ctx.rank == 0) {
         torch::save(sd, model_path);
         torch::save(osd, optim_path);
@@ -743,7 +743,7 @@ TEST_P(FSDPStateDict, OptimStateDictResumeAcrossWorldSizes) {
       zero_model(*net.module);
       torch::optim::Adam opt(net.module->parameters(), torch::optim::AdamOptions(0.5));
       StateDict sd;
-      OptimStateDict osd;
+      NamedOptimizerStateDict osd;
       torch::load(sd, model_path);
       torch::load(osd, optim_path);
       set_model_state_dict(*net.module, sd);
@@ -760,15 +760,15 @@ TEST_P(FSDPStateDict, OptimStateDictResumeAcrossWorldSizes) {
 }
 
 // Bad optimizer state dicts: named errors, the optimizer unchanged.
-TEST_P(FSDPStateDict, OptimStateDictErrors) {
+TEST_P(FSDPStateDict, NamedOptimizerStateDictErrors) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     Net net = make_net(Wrap::kNested);
     torch::optim::Adam opt(net.module->parameters(), adam_options());
     train_with(net, opt, 0, 1, ctx.rank, ctx.world_size);
-    OptimStateDict good = get_optimizer_state_dict(*net.module, opt, StateDictOptions().full_state_dict(true));
+    NamedOptimizerStateDict good = get_optimizer_state_dict(*net.module, opt, StateDictOptions().full_state_dict(true));
     auto state_of = [&] { return get_optimizer_state_dict(*net.module, opt, StateDictOptions().full_state_dict(true)); };
     {
-      OptimStateDict bad = good;
+      NamedOptimizerStateDict bad = good;
       bad.state.at("3.weight").set("exp_avg", torch::zeros({2, 2}));
       const std::string e = error_of([&] { set_optimizer_state_dict(*net.module, opt, bad); });
       EXPECT_NE(e.find("'3.weight' entry 'exp_avg'"), std::string::npos) << e;
@@ -776,13 +776,13 @@ TEST_P(FSDPStateDict, OptimStateDictErrors) {
       EXPECT_NE(e.find("[15, 15]"), std::string::npos) << e;
     }
     {
-      OptimStateDict bad = good;
+      NamedOptimizerStateDict bad = good;
       bad.param_groups[0].params.push_back("9.weight");
       const std::string e = error_of([&] { set_optimizer_state_dict(*net.module, opt, bad); });
       EXPECT_NE(e.find("unexpected '9.weight'"), std::string::npos) << e;
     }
     {
-      OptimStateDict bad = good;
+      NamedOptimizerStateDict bad = good;
       bad.state.at("0.bias").set("momentum", torch::zeros({15}));
       const std::string e = error_of([&] { set_optimizer_state_dict(*net.module, opt, bad); });
       EXPECT_NE(e.find("'0.bias' has state entry 'momentum'"), std::string::npos) << e;
@@ -790,7 +790,7 @@ TEST_P(FSDPStateDict, OptimStateDictErrors) {
     torch::optim::SGD sgd(net.module->parameters(), 0.1);
     EXPECT_NE(error_of([&] { set_optimizer_state_dict(*net.module, sgd, good); }).find("holds torch::optim::AdamOptions"),
               std::string::npos);
-    OptimStateDict after = state_of();
+    NamedOptimizerStateDict after = state_of();
     for (const auto& [key, entries] : good.state)
       for (const auto& [name, value] : entries)
         EXPECT_TRUE(at::equal(after.state.at(key).at(name).tensor(), value.tensor())) << key << " " << name;

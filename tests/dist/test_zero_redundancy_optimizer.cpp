@@ -95,7 +95,7 @@ void average_grads(const std::vector<torch::Tensor>& params, int world_size) {
 
 // Consolidates on group rank `to` and hands the state dict to every rank.
 template <typename O>
-fsdpp::OptimizerStateDict consolidated_everywhere(ZeRO<O>& zero, int to) {
+fsdpp::IndexedOptimizerStateDict consolidated_everywhere(ZeRO<O>& zero, int to) {
   zero.consolidate_state_dict(to);
   std::string bytes;
   if (zero.rank() == to) bytes = zero.state_dict().to_bytes();
@@ -138,7 +138,7 @@ TEST_P(ZeroRedundancyOptimizer, StateDict) {
     o.zero_grad();
     o.consolidate_state_dict(RECIPIENT_RANK);
     if (ctx.rank == RECIPIENT_RANK) {
-      fsdpp::OptimizerStateDict sd = o.state_dict();
+      fsdpp::IndexedOptimizerStateDict sd = o.state_dict();
       ASSERT_EQ(sd.param_groups.size(), 1u);
       EXPECT_EQ(sd.param_groups[0].params, std::vector<int64_t>{0});
       const auto& opts = static_cast<const torch::optim::SGDOptions&>(*sd.param_groups[0].options);
@@ -156,7 +156,7 @@ TEST_P(ZeroRedundancyOptimizer, StateDict) {
       std::string m = error_of([&] { o.state_dict(); });
       EXPECT_NE(m.find("holds no consolidated optimizer state; call consolidate_state_dict(to)"), std::string::npos) << m;
     }
-    fsdpp::OptimizerStateDict state_dict = consolidated_everywhere(o, RECIPIENT_RANK);
+    fsdpp::IndexedOptimizerStateDict state_dict = consolidated_everywhere(o, RECIPIENT_RANK);
 
     // Reload into an optimizer made with another lr: the loaded lr wins.
     ZeRO<torch::optim::SGD> o2({x}, torch::optim::SGDOptions(LR2));
@@ -225,8 +225,8 @@ TEST_P(ZeroRedundancyOptimizer, StateDictLibtorchLayout) {
       plain.step();
     }
     expect_same_params(zero_model->parameters(), plain_model->parameters(), "after training");
-    fsdpp::OptimizerStateDict sd = consolidated_everywhere(zero, 0);
-    fsdpp::OptimizerStateDict reference = fsdpp::OptimizerStateDict::from_optimizer(plain);
+    fsdpp::IndexedOptimizerStateDict sd = consolidated_everywhere(zero, 0);
+    fsdpp::IndexedOptimizerStateDict reference = fsdpp::IndexedOptimizerStateDict::from_optimizer(plain);
     if (ctx.rank == 0) {  // torch::save(zero, ...) on the consolidating rank: a plain Adam loads it
       std::ostringstream out;
       torch::save(zero, out);
@@ -304,7 +304,7 @@ TEST_P(ZeroRedundancyOptimizer, LoadStateDictAtAnyRankCount) {
       train(model, zero, input, false);
       train(plain_model, plain, input, true);
     }
-    fsdpp::OptimizerStateDict sd = consolidated_everywhere(zero, 0);
+    fsdpp::IndexedOptimizerStateDict sd = consolidated_everywhere(zero, 0);
 
     std::vector<int> others;
     for (int r = (n > 1 ? 1 : 0); r < n; ++r) others.push_back(r);
@@ -747,7 +747,7 @@ TEST_P(ZeroRedundancyOptimizer, CollectShards) {
     optimizer.consolidate_state_dict(REFERENCE_RANK);
     std::string bytes;
     if (ctx.rank == REFERENCE_RANK) {
-      fsdpp::OptimizerStateDict sd = optimizer.state_dict();
+      fsdpp::IndexedOptimizerStateDict sd = optimizer.state_dict();
       EXPECT_EQ(sd.state.size(), model->parameters().size());
       bytes = sd.to_bytes();
     }
@@ -846,7 +846,7 @@ void local_optimizer_parity(RankContext& ctx, const typename fsdpp::OptimizerTra
   // The state dicts are interchangeable between the local optimizer and ZeRO.
   const int REFERENCE_RANK = 0;
   const std::string local_state = save_plain(local_optimizer);
-  fsdpp::OptimizerStateDict sharded_state = consolidated_everywhere(sharded_optimizer, REFERENCE_RANK);
+  fsdpp::IndexedOptimizerStateDict sharded_state = consolidated_everywhere(sharded_optimizer, REFERENCE_RANK);
   // Cross-load the states, run one step, the models must still agree.
   load_plain(local_optimizer, sharded_state.to_bytes());
   sharded_optimizer.load_state_dict(sharded_optimizer.state_dict_from_bytes(local_state));
@@ -1145,7 +1145,7 @@ TEST_P(ZeroRedundancyOptimizer, LoadStateDictFromAnotherModel) {
       torch::optim::Adam plain(m->parameters(), torch::optim::AdamOptions(0.5));
       for (auto& p : m->parameters()) p.mutable_grad() = torch::ones_like(p);
       plain.step();
-      return fsdpp::OptimizerStateDict::from_optimizer(plain);
+      return fsdpp::IndexedOptimizerStateDict::from_optimizer(plain);
     };
 
     // Wrong number of parameters.
@@ -1157,7 +1157,7 @@ TEST_P(ZeroRedundancyOptimizer, LoadStateDictFromAnotherModel) {
       auto other = make_mlp({3, 4, 2}, 0);
       torch::optim::Adam plain({OptimizerParamGroup(weights_of(other)), OptimizerParamGroup(biases_of(other))},
                                torch::optim::AdamOptions(0.5));
-      e = error_of([&] { zero.load_state_dict(fsdpp::OptimizerStateDict::from_optimizer(plain)); });
+      e = error_of([&] { zero.load_state_dict(fsdpp::IndexedOptimizerStateDict::from_optimizer(plain)); });
       EXPECT_NE(e.find("the state dict has 2 parameter groups, this optimizer has 1"), std::string::npos) << e;
       unchanged("wrong group count");
     }
@@ -1169,7 +1169,7 @@ TEST_P(ZeroRedundancyOptimizer, LoadStateDictFromAnotherModel) {
     unchanged("wrong shapes");
     // Only the last entry is bad (and the options differ): nothing of the rest is applied.
     {
-      fsdpp::OptimizerStateDict sd = plain_state(make_mlp({3, 4, 2}, 0));
+      fsdpp::IndexedOptimizerStateDict sd = plain_state(make_mlp({3, 4, 2}, 0));
       static_cast<torch::optim::AdamParamState&>(*sd.state.at(3)).exp_avg(torch::zeros({5}));
       e = error_of([&] { zero.load_state_dict(sd); });
       EXPECT_NE(e.find("the state 'exp_avg' of parameter 3 (group 0, shape [2]) has shape [5]"), std::string::npos) << e;
@@ -1186,7 +1186,7 @@ TEST_P(ZeroRedundancyOptimizer, LoadStateDictFromAnotherModel) {
       torch::optim::SGD sgd(other->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
       for (auto& p : other->parameters()) p.mutable_grad() = torch::ones_like(p);
       sgd.step();
-      e = error_of([&] { zero.load_state_dict(fsdpp::OptimizerStateDict::from_optimizer(sgd)); });
+      e = error_of([&] { zero.load_state_dict(fsdpp::IndexedOptimizerStateDict::from_optimizer(sgd)); });
       EXPECT_NE(e.find("parameter group 0 has options of type torch::optim::SGDOptions, this optimizer uses torch::optim::AdamOptions"),
                 std::string::npos)
           << e;

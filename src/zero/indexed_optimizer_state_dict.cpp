@@ -1,26 +1,22 @@
-// OptimizerStateDict: an optimizer's state in libtorch's archive layout, with positional keys.
+// IndexedOptimizerStateDict: an optimizer's state in libtorch's archive layout, with positional keys.
 #include <sstream>
 #include <unordered_map>
 
 #include <c10/util/Exception.h>
-#include <c10/util/Type.h>
 
+#include <fsdpp/indexed_optimizer_state_dict.h>
 #include <fsdpp/zero_redundancy_optimizer.h>
 
-#include "compat/optimizer_state_key.h"
+#include "optim/optimizer_state.h"
 
 namespace fsdpp {
-
-namespace detail {
-std::string demangled(const std::type_info& type) { return c10::demangle(type.name()); }
-}  // namespace detail
 
 using torch::serialize::InputArchive;
 using torch::serialize::OutputArchive;
 
-OptimizerStateDict::OptimizerStateDict(const OptimizerStateDict& other) { *this = other; }
+IndexedOptimizerStateDict::IndexedOptimizerStateDict(const IndexedOptimizerStateDict& other) { *this = other; }
 
-OptimizerStateDict& OptimizerStateDict::operator=(const OptimizerStateDict& other) {
+IndexedOptimizerStateDict& IndexedOptimizerStateDict::operator=(const IndexedOptimizerStateDict& other) {
   if (this == &other) return *this;
   std::vector<ParamGroup> groups;
   for (const auto& g : other.param_groups) groups.push_back({g.params, g.options ? g.options->clone() : nullptr});
@@ -31,21 +27,20 @@ OptimizerStateDict& OptimizerStateDict::operator=(const OptimizerStateDict& othe
   return *this;
 }
 
-int64_t OptimizerStateDict::num_params() const {
+int64_t IndexedOptimizerStateDict::num_params() const {
   int64_t n = 0;
   for (const auto& g : param_groups) n += static_cast<int64_t>(g.params.size());
   return n;
 }
 
-OptimizerStateDict OptimizerStateDict::from_optimizer(const torch::optim::Optimizer& optimizer) {
-  OptimizerStateDict sd;
+IndexedOptimizerStateDict IndexedOptimizerStateDict::from_optimizer(const torch::optim::Optimizer& optimizer) {
+  IndexedOptimizerStateDict sd;
   int64_t index = 0;
   for (const auto& group : optimizer.param_groups()) {
     ParamGroup g;
     g.options = group.options().clone();
     for (const auto& p : group.params()) {
-      auto it = optimizer.state().find(compat::optimizer_state_key(p));
-      if (it != optimizer.state().end()) sd.state.emplace(index, it->second->clone());
+      if (const auto* st = detail::find_param_state(optimizer, p)) sd.state.emplace(index, st->clone());
       g.params.push_back(index++);
     }
     sd.param_groups.push_back(std::move(g));
@@ -53,11 +48,11 @@ OptimizerStateDict OptimizerStateDict::from_optimizer(const torch::optim::Optimi
   return sd;
 }
 
-void OptimizerStateDict::save(OutputArchive& archive) const {
+void IndexedOptimizerStateDict::save(OutputArchive& archive) const {
   archive.write("pytorch_version", c10::IValue("1.5.0"));
   OutputArchive state_archive(archive.compilation_unit());
   for (const auto& [index, st] : state) {
-    if (!st) throw Error("OptimizerStateDict::save: the state of parameter " + std::to_string(index) + " is null");
+    if (!st) throw Error("IndexedOptimizerStateDict::save: the state of parameter " + std::to_string(index) + " is null");
     OutputArchive entry(archive.compilation_unit());
     st->serialize(entry);
     state_archive.write(std::to_string(index), entry);
@@ -68,7 +63,7 @@ void OptimizerStateDict::save(OutputArchive& archive) const {
   groups_archive.write("param_groups/size", at::scalar_tensor(static_cast<int64_t>(param_groups.size()), at::kLong));
   for (size_t i = 0; i < param_groups.size(); ++i) {
     const auto& g = param_groups[i];
-    if (!g.options) throw Error("OptimizerStateDict::save: parameter group " + std::to_string(i) + " has no options");
+    if (!g.options) throw Error("IndexedOptimizerStateDict::save: parameter group " + std::to_string(i) + " has no options");
     OutputArchive group_archive(archive.compilation_unit());
     group_archive.write("params/size", at::scalar_tensor(static_cast<int64_t>(g.params.size()), at::kLong));
     for (size_t j = 0; j < g.params.size(); ++j)
@@ -81,7 +76,7 @@ void OptimizerStateDict::save(OutputArchive& archive) const {
   archive.write("param_groups", groups_archive);
 }
 
-std::string OptimizerStateDict::to_bytes() const {
+std::string IndexedOptimizerStateDict::to_bytes() const {
   OutputArchive archive;
   save(archive);
   std::ostringstream out;
@@ -89,9 +84,9 @@ std::string OptimizerStateDict::to_bytes() const {
   return out.str();
 }
 
-OptimizerStateDict OptimizerStateDict::load(InputArchive& archive, const torch::optim::OptimizerOptions& options_prototype,
+IndexedOptimizerStateDict IndexedOptimizerStateDict::load(InputArchive& archive, const torch::optim::OptimizerOptions& options_prototype,
                                             const StateFactory& make_state) {
-  OptimizerStateDict sd;
+  IndexedOptimizerStateDict sd;
   std::string where = "the archive";
   try {
     c10::IValue version;
@@ -150,7 +145,7 @@ OptimizerStateDict OptimizerStateDict::load(InputArchive& archive, const torch::
   return sd;
 }
 
-OptimizerStateDict OptimizerStateDict::from_bytes(const std::string& bytes,
+IndexedOptimizerStateDict IndexedOptimizerStateDict::from_bytes(const std::string& bytes,
                                                   const torch::optim::OptimizerOptions& options_prototype,
                                                   const StateFactory& make_state) {
   InputArchive archive;
