@@ -11,10 +11,12 @@
 #include <fsdpp/join.h>
 #include <fsdpp/memory.h>
 #include <fsdpp/optim_state_dict.h>
+#include <fsdpp/placement.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/reshard_policy.h>
 #include <fsdpp/sharded_tensor.h>
 #include <fsdpp/state_dict.h>
+#include <fsdpp/tensor_layout.h>
 #include <fsdpp/work.h>
 #include <fsdpp/wrap_policy.h>
 #include <fsdpp/zero_redundancy_optimizer.h>

@@ -22,7 +22,9 @@
 // gradient averaged over the group into each parameter's shard-shaped `.grad`, adding to a
 // `.grad` that was not zeroed. Parameters are back to shards when backward ends.
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -30,13 +32,14 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
 #include <fsdpp/device_mesh.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/reshard_policy.h>
+#include <fsdpp/sharded_tensor.h>
+#include <fsdpp/tensor_layout.h>
 
 namespace torch::nn {
 class SequentialImpl;
@@ -93,6 +96,15 @@ class UnshardHandle {
   std::weak_ptr<detail::FSDPState> state_;
 };
 
+// One parameter as its unit holds it (in FSDP2 the parameter is a DTensor; here its layout
+// travels beside it): what state dicts and checkpoints read and write.
+struct ShardedParameter {
+  std::string name;        // relative to the wrapped module
+  at::Tensor param;        // the module's parameter (its shard at rest)
+  at::Tensor local_shard;  // this rank's rows, also while the unit is unsharded
+  TensorLayout layout;     // its global shape, Shard(0) over the unit's group
+};
+
 // The untyped part of every FullyShardedDataParallel (FSDP2's FSDPModule): everything but
 // the typed forward. Find the units of a model with dynamic_cast over model->modules().
 class FSDPModule : public torch::nn::Module {
@@ -137,22 +149,33 @@ class FSDPModule : public torch::nn::Module {
   // Elements of this unit's flat all-gather buffer (all ranks' padded shards).
   int64_t unsharded_padded_numel() const;
 
-  const std::shared_ptr<detail::FSDPState>& fsdp_state() const { return state_; }
+  // For state dicts and checkpoints (<fsdpp/state_dict.h> uses these):
+  // The parameters this unit shards, in its order.
+  std::vector<ShardedParameter> sharded_parameters() const;
+  // Their full values (copies, in the same order), by the unit's own all-gather; the unit stays
+  // as it was. Collective over the unit's group.
+  std::vector<at::Tensor> full_parameters() const;
+  // The LOCAL state dict's value of this unit: its parameters flattened and concatenated
+  // (global size: their total numel), each parameter's rows on the rank that holds them.
+  ShardedTensor flat_parameter() const;
+  // Each parameter's rows on this rank (shaped as its local shard) from a flat_parameter()
+  // value, which may be sharded another way (another world size: collective over its group).
+  std::vector<at::Tensor> local_rows_from_flat_parameter(const ShardedTensor& flat) const;
 
  protected:
   FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOptions options);
 
-  // The steps of forward, for the typed wrapper.
-  void pre_forward();
-  // Inputs (tensors requiring grad): returns aliases whose backward runs after this unit's
-  // backward and starts its reduce-scatter.
-  std::vector<at::Tensor> register_post_backward(const std::vector<at::Tensor>& inputs);
-  void post_forward();
-  // Outputs (tensors requiring grad): returns aliases whose backward first gathers the
-  // parameters again when they were resharded.
-  std::vector<at::Tensor> register_pre_backward(const std::vector<at::Tensor>& outputs);
+  // One forward of the unit around `invoke` (the typed wrapper's and the type-blind unit's):
+  // gather (the root's lazy init first); the argument tensors in `inputs` that require grad
+  // are replaced by aliases whose backward runs after the unit's backward and starts its
+  // reduce-scatter; invoke() runs the wrapped module and returns its output tensors, which are
+  // replaced by aliases whose backward first gathers the parameters again; then reshard.
+  void forward_steps(const std::vector<at::Tensor*>& inputs, const std::function<std::vector<at::Tensor*>()>& invoke);
 
  private:
+  friend class FullParamsGuard;
+  static std::vector<std::weak_ptr<detail::FSDPState>> states_of(const std::vector<std::shared_ptr<FSDPModule>>& modules);
+
   std::shared_ptr<torch::nn::Module> module_;
   FullyShardOptions options_;
   std::shared_ptr<detail::FSDPState> state_;
@@ -203,21 +226,13 @@ void for_each_tensor(std::pair<A, B>& p, F& f) {
   for_each_tensor(p.second, f);
 }
 
-// Replaces the tensors of `value` that require grad by register(those tensors).
-template <typename T, typename Register>
-void wrap_grad_tensors(T& value, Register&& register_fn) {
-  std::vector<at::Tensor> found;
-  auto collect = [&](at::Tensor& t) {
-    if (t.defined() && t.requires_grad()) found.push_back(t);
-  };
+// Pointers to the tensors in a forward's arguments or result.
+template <typename T>
+std::vector<at::Tensor*> tensors_in(T& value) {
+  std::vector<at::Tensor*> out;
+  auto collect = [&](at::Tensor& t) { out.push_back(&t); };
   for_each_tensor(value, collect);
-  if (found.empty()) return;
-  std::vector<at::Tensor> replaced = register_fn(found);
-  size_t next = 0;
-  auto replace = [&](at::Tensor& t) {
-    if (t.defined() && t.requires_grad() && next < replaced.size()) t = replaced[next++];
-  };
-  for_each_tensor(value, replace);
+  return out;
 }
 
 // Gives the wrapper a non-template forward with exactly the wrapped signature, so
@@ -266,17 +281,18 @@ class FullyShardedDataParallelImpl
 
   template <typename R, typename Tuple, typename Invoke>
   R run_forward(Tuple& inputs, Invoke&& invoke) {
-    pre_forward();
-    const bool grad = torch::autograd::GradMode::is_enabled();
-    if (grad) detail::wrap_grad_tensors(inputs, [this](const std::vector<at::Tensor>& ts) { return register_post_backward(ts); });
     if constexpr (std::is_void_v<R>) {
-      std::apply(invoke, inputs);
-      post_forward();
+      forward_steps(detail::tensors_in(inputs), [&] {
+        std::apply(invoke, inputs);
+        return std::vector<at::Tensor*>{};
+      });
     } else {
-      R output = std::apply(invoke, inputs);
-      post_forward();
-      if (grad) detail::wrap_grad_tensors(output, [this](const std::vector<at::Tensor>& ts) { return register_pre_backward(ts); });
-      return output;
+      std::optional<R> output;
+      forward_steps(detail::tensors_in(inputs), [&] {
+        output.emplace(std::apply(invoke, inputs));
+        return detail::tensors_in(*output);
+      });
+      return std::move(*output);
     }
   }
 

@@ -71,6 +71,10 @@ class ShardedTensor {
   // Every rank's shards, local ones included.
   const std::vector<ShardMetadata>& shards_metadata() const { return shards_metadata_; }
   const ProcessGroup& process_group() const { return group_; }
+  // True when the shards are exactly `shards` (in any order) over a group of `group_size` ranks.
+  bool has_shards(const std::vector<ShardMetadata>& shards, int group_size) const;
+  // This rank's shard with metadata `m`; throws naming the shard when this rank holds none such.
+  const at::Tensor& local_shard(const ShardMetadata& m) const;
 
   // The whole tensor on every rank (collective over process_group(): one all-gather of each
   // rank's shards, padded to the largest rank's).

@@ -1,8 +1,7 @@
 #include "fsdp/any_module_unit.h"
 
+#include <optional>
 #include <utility>
-
-#include <torch/csrc/autograd/grad_mode.h>
 
 #include <fsdpp/error.h>
 
@@ -36,28 +35,16 @@ torch::nn::AnyValue call(torch::nn::AnyModule& m, std::vector<torch::nn::AnyValu
 }  // namespace
 
 torch::nn::AnyValue AnyModuleUnitImpl::forward(std::vector<torch::nn::AnyValue> arguments) {
-  pre_forward();
-  const bool grad = torch::autograd::GradMode::is_enabled();
-  if (grad) {
-    std::vector<at::Tensor*> slots;
-    std::vector<at::Tensor> inputs;
-    for (auto& a : arguments)
-      if (auto* t = a.try_get<at::Tensor>())
-        if (t->defined() && t->requires_grad()) {
-          slots.push_back(t);
-          inputs.push_back(*t);
-        }
-    if (!inputs.empty()) {
-      auto wrapped = register_post_backward(inputs);
-      for (size_t i = 0; i < slots.size(); ++i) *slots[i] = wrapped[i];
-    }
-  }
-  torch::nn::AnyValue output = call(module_, arguments);
-  post_forward();
-  if (grad)
-    if (auto* t = output.try_get<at::Tensor>())
-      if (t->defined() && t->requires_grad()) *t = register_pre_backward({*t})[0];
-  return output;
+  std::vector<at::Tensor*> inputs;
+  for (auto& a : arguments)
+    if (auto* t = a.try_get<at::Tensor>()) inputs.push_back(t);
+  std::optional<torch::nn::AnyValue> output;
+  forward_steps(inputs, [&] {
+    output.emplace(call(module_, arguments));
+    auto* t = output->try_get<at::Tensor>();
+    return t ? std::vector<at::Tensor*>{t} : std::vector<at::Tensor*>{};
+  });
+  return std::move(*output);
 }
 
 }  // namespace fsdpp::detail

@@ -1,3 +1,5 @@
+#include <torch/csrc/autograd/grad_mode.h>
+
 #include <fsdpp/error.h>
 #include <fsdpp/fully_shard.h>
 #include <fsdpp/wrap_policy.h>
@@ -44,7 +46,8 @@ FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOpti
 
 FSDPModule::~FSDPModule() = default;
 
-void FSDPModule::pre_forward() {
+void FSDPModule::forward_steps(const std::vector<at::Tensor*>& inputs,
+                               const std::function<std::vector<at::Tensor*>()>& invoke) {
   if (!state_->lazy_initialized()) {
     std::vector<std::shared_ptr<detail::FSDPState>> inner;
     for (const auto& m : module_->modules())
@@ -52,22 +55,16 @@ void FSDPModule::pre_forward() {
     state_->lazy_init_as_root(inner);
   }
   state_->pre_forward();
-}
-
-void FSDPModule::post_forward() { state_->post_forward(); }
-
-std::vector<at::Tensor> FSDPModule::register_post_backward(const std::vector<at::Tensor>& inputs) {
-  std::vector<at::Tensor> out;
-  out.reserve(inputs.size());
-  for (const auto& t : inputs) out.push_back(state_->attach_post_backward(t));
-  return out;
-}
-
-std::vector<at::Tensor> FSDPModule::register_pre_backward(const std::vector<at::Tensor>& outputs) {
-  std::vector<at::Tensor> out;
-  out.reserve(outputs.size());
-  for (const auto& t : outputs) out.push_back(state_->attach_pre_backward(t));
-  return out;
+  const bool grad = torch::autograd::GradMode::is_enabled();
+  auto needs_grad = [](const at::Tensor* t) { return t->defined() && t->requires_grad(); };
+  if (grad)
+    for (at::Tensor* t : inputs)
+      if (needs_grad(t)) *t = state_->attach_post_backward(*t);
+  std::vector<at::Tensor*> outputs = invoke();
+  state_->post_forward();
+  if (grad)
+    for (at::Tensor* t : outputs)
+      if (needs_grad(t)) *t = state_->attach_pre_backward(*t);
 }
 
 UnshardHandle FSDPModule::unshard(bool async_op) {
@@ -109,16 +106,14 @@ void FSDPModule::set_reshard_after_backward(bool value, bool recurse) {
     if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_reshard_after_backward(value, false);
 }
 
-namespace {
-std::vector<std::weak_ptr<detail::FSDPState>> states_of(const std::vector<std::shared_ptr<FSDPModule>>& modules) {
+std::vector<std::weak_ptr<detail::FSDPState>> FSDPModule::states_of(const std::vector<std::shared_ptr<FSDPModule>>& modules) {
   std::vector<std::weak_ptr<detail::FSDPState>> states;
   for (const auto& m : modules) {
     if (!m) throw Error("set_modules_to_*_prefetch: a module is null");
-    states.push_back(m->fsdp_state());
+    states.push_back(m->state_);
   }
   return states;
 }
-}  // namespace
 
 void FSDPModule::set_modules_to_forward_prefetch(const std::vector<std::shared_ptr<FSDPModule>>& modules) {
   state_->set_forward_prefetch(states_of(modules));
@@ -144,6 +139,30 @@ int64_t FSDPModule::unsharded_padded_numel() const {
   return g ? g->unsharded_numel() : 0;
 }
 
+std::vector<ShardedParameter> FSDPModule::sharded_parameters() const {
+  std::vector<ShardedParameter> out;
+  if (const auto* g = state_->param_group())
+    for (const auto& p : g->fsdp_params()) out.push_back({p.fqn(), p.param(), p.sharded_view(), p.layout()});
+  return out;
+}
+
+std::vector<at::Tensor> FSDPModule::full_parameters() const {
+  const auto* g = state_->param_group();
+  return g ? g->full_values() : std::vector<at::Tensor>{};
+}
+
+ShardedTensor FSDPModule::flat_parameter() const {
+  const auto* g = state_->param_group();
+  if (!g) throw Error("FSDP unit " + state_->name() + " shards no parameters: it has no flat parameter");
+  return g->flat_value();
+}
+
+std::vector<at::Tensor> FSDPModule::local_rows_from_flat_parameter(const ShardedTensor& flat) const {
+  const auto* g = state_->param_group();
+  if (!g) throw Error("FSDP unit " + state_->name() + " shards no parameters: it has no flat parameter");
+  return g->local_rows_from_flat(flat);
+}
+
 void FSDPModule::set_is_last_backward(bool value) {
   for (const auto& m : modules())
     if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->state_->set_is_last_backward(value);
@@ -155,11 +174,11 @@ void FSDPModule::set_is_last_backward(bool value) {
 FullParamsGuard::FullParamsGuard(torch::nn::Module& module, bool writeback) : writeback_(writeback) {
   for (const auto& m : module.modules())
     if (auto* f = dynamic_cast<FSDPModule*>(m.get())) {
-      auto* g = f->fsdp_state()->param_group();
+      auto* g = f->state_->param_group();
       if (!g || g->is_unsharded()) continue;  // already full: leave it as it is
-      if (f->fsdp_state()->in_forward_or_backward())
-        throw Error("summon_full_params: FSDP unit " + f->fsdp_state()->name() + " is in forward or backward");
-      states_.push_back(f->fsdp_state());
+      if (f->state_->in_forward_or_backward())
+        throw Error("summon_full_params: FSDP unit " + f->state_->name() + " is in forward or backward");
+      states_.push_back(f->state_);
     }
   for (auto& s : states_) s->param_group()->unshard();  // all gathers in flight, then wait
   for (auto& s : states_) s->param_group()->wait_for_unshard();

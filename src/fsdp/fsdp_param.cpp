@@ -1,6 +1,5 @@
 #include "fsdp/fsdp_param.h"
 
-#include <algorithm>
 
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
@@ -19,37 +18,22 @@ bool same_binding(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-FSDPParam::FSDPParam(std::string fqn, at::Tensor param, int rank, int world_size)
-    : fqn_(std::move(fqn)), param_(std::move(param)), rank_(rank), world_size_(world_size) {
-  unsharded_size_ = param_.sizes().vec();
+FSDPParam::FSDPParam(std::string fqn, at::Tensor param, const ProcessGroup& group)
+    : fqn_(std::move(fqn)),
+      param_(std::move(param)),
+      layout_(param_.sizes().vec(), Placement::shard(0), group),
+      rank_(group.rank()) {
   numel_ = param_.numel();
-  if (param_.dim() == 0) {
-    dim0_ = 1;
-    row_numel_ = 1;
-  } else {
-    dim0_ = param_.size(0);
-    row_numel_ = 1;
-    for (int64_t d = 1; d < param_.dim(); ++d) row_numel_ *= param_.size(d);
-  }
-  chunk_rows_ = (dim0_ + world_size_ - 1) / world_size_;
-  local_rows_ = rows_of(rank_);
-  sharded_size_ = param_.dim() == 0 ? std::vector<int64_t>{local_rows_} : unsharded_size_;
-  if (param_.dim() > 0) sharded_size_[0] = local_rows_;
-}
-
-int64_t FSDPParam::rows_of(int rank) const {
-  return std::max<int64_t>(0, std::min(chunk_rows_, dim0_ - rank * chunk_rows_));
+  dim0_ = param_.dim() == 0 ? 1 : param_.size(0);
+  for (int64_t d = 1; d < param_.dim(); ++d) row_numel_ *= param_.size(d);
+  sharded_size_ = layout_.local_shape(rank_);
 }
 
 void FSDPParam::init_sharded(const at::Tensor& padded_chunk) {
   at::NoGradGuard no_grad;
   padded_chunk_ = padded_chunk;
-  sharded_view_ = padded_chunk.narrow(0, 0, local_rows_ * row_numel_).view(sharded_size_);
-  at::Tensor full = param_.detach().reshape({dim0_, row_numel_});
-  // A rank past the last row (e.g. 5 rows over 4 ranks: chunks of 2, rank 3 holds none)
-  // starts at the end.
-  const int64_t start = std::min(row_offset(rank_), dim0_);
-  sharded_view_.view({local_rows_, row_numel_}).copy_(full.narrow(0, start, local_rows_));
+  sharded_view_ = padded_chunk.narrow(0, 0, local_rows() * row_numel_).view(sharded_size_);
+  sharded_view_.copy_(layout_.local_of_full(param_.detach()));
   param_.mutable_grad().reset();
   param_.set_data(sharded_view_);
   sharded_ = true;
@@ -61,7 +45,7 @@ void FSDPParam::rebind_sharded(const at::Tensor& padded_chunk) {
                 " while sharded; expected its shard " + shape_string(sharded_view_.sizes()));
   at::NoGradGuard no_grad;
   padded_chunk_ = padded_chunk;
-  sharded_view_ = padded_chunk.narrow(0, 0, local_rows_ * row_numel_).view(sharded_size_);
+  sharded_view_ = padded_chunk.narrow(0, 0, local_rows() * row_numel_).view(sharded_size_);
   sharded_view_.copy_(param_.detach());
   at::Tensor& grad = param_.mutable_grad();
   if (grad.defined()) grad = grad.to(padded_chunk.scalar_type());
@@ -70,7 +54,7 @@ void FSDPParam::rebind_sharded(const at::Tensor& padded_chunk) {
 
 void FSDPParam::init_unsharded(const at::Tensor& region) {
   unsharded_region_ = region;
-  unsharded_view_ = region.narrow(0, 0, numel_).view(unsharded_size_);
+  unsharded_view_ = region.narrow(0, 0, numel_).view(unsharded_size());
 }
 
 void FSDPParam::to_unsharded() {

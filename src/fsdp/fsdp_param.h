@@ -1,33 +1,38 @@
 #pragma once
-// One original parameter under FSDP: its dim-0 sharding and the swaps of its data between
-// the local shard (at rest) and a view into the unit's unsharded buffer (during compute).
+// One original parameter under FSDP: its layout (Shard(0) over the unit's group, the one
+// sharding rule), the padded storage of its rows, and the swaps of its data between the local
+// shard (at rest) and a view into the unit's unsharded buffer (during compute).
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 
+#include <fsdpp/tensor_layout.h>
+
 namespace fsdpp::detail {
 
 class FSDPParam {
  public:
   // `param` keeps its TensorImpl; its data is replaced by views FSDPParamGroup assigns.
-  FSDPParam(std::string fqn, at::Tensor param, int rank, int world_size);
+  FSDPParam(std::string fqn, at::Tensor param, const ProcessGroup& group);
 
   const std::string& fqn() const { return fqn_; }
   const at::Tensor& param() const { return param_; }
-  const std::vector<int64_t>& unsharded_size() const { return unsharded_size_; }
+  const TensorLayout& layout() const { return layout_; }
+  const std::vector<int64_t>& unsharded_size() const { return layout_.global_shape(); }
   const std::vector<int64_t>& sharded_size() const { return sharded_size_; }
   int64_t numel() const { return numel_; }
-  // Rows of dim 0 (1 for a 0-dim parameter), rows per rank, elements per row.
+  // Rows of dim 0 (1 for a 0-dim parameter), rows per rank's chunk, elements per row.
   int64_t dim0() const { return dim0_; }
-  int64_t chunk_rows() const { return chunk_rows_; }
+  int64_t chunk_rows() const { return layout_.chunk_size(); }
   int64_t row_numel() const { return row_numel_; }
   // Elements of every rank's (padded) chunk, and this rank's real rows.
-  int64_t padded_chunk_numel() const { return chunk_rows_ * row_numel_; }
-  int64_t local_rows() const { return local_rows_; }
-  int64_t row_offset(int rank) const { return rank * chunk_rows_; }
-  int64_t rows_of(int rank) const;
+  int64_t padded_chunk_numel() const { return chunk_rows() * row_numel_; }
+  int64_t local_rows() const { return layout_.local_size(rank_); }
+  // Where rank's chunk starts in the padded rows of the unsharded buffer.
+  int64_t row_offset(int rank) const { return rank * chunk_rows(); }
+  int64_t rows_of(int rank) const { return layout_.local_size(rank); }
 
   // Binds the shard to `padded_chunk` (this rank's region of the unit's flat sharded buffer,
   // padded_chunk_numel() elements), copies this rank's rows of the current (full) value into
@@ -54,21 +59,17 @@ class FSDPParam {
 
   const at::Tensor& sharded_view() const { return sharded_view_; }
   const at::Tensor& padded_chunk() const { return padded_chunk_; }
-  const at::Tensor& unsharded_view() const { return unsharded_view_; }
   const at::Tensor& unsharded_region() const { return unsharded_region_; }
 
  private:
   std::string fqn_;
   at::Tensor param_;
-  std::vector<int64_t> unsharded_size_;
+  TensorLayout layout_;
   std::vector<int64_t> sharded_size_;
   int64_t numel_ = 0;
   int64_t dim0_ = 1;
-  int64_t chunk_rows_ = 0;
   int64_t row_numel_ = 1;
-  int64_t local_rows_ = 0;
   int rank_ = 0;
-  int world_size_ = 1;
   bool sharded_ = false;
   at::Tensor padded_chunk_;      // this rank's padded chunk, flat
   at::Tensor sharded_view_;      // its first local_rows rows, shaped sharded_size

@@ -1,8 +1,6 @@
 #include "fsdp/fsdp_param_group.h"
 
-#include <chrono>
 #include <functional>
-#include <thread>
 #include <sstream>
 
 #include <c10/core/StorageImpl.h>
@@ -12,22 +10,10 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 
-#include "comm/process_group_impl.h"
+#include "fsdp/fsdp_collectives.h"
+#include "fsdp/testing_delays.h"
 
 namespace fsdpp::detail {
-
-FSDPTestingDelays& testing_delays() {
-  static FSDPTestingDelays delays;
-  return delays;
-}
-
-namespace {
-
-void sleep_ms(int ms) {
-  if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-}
-
-}  // namespace
 
 FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
                                std::string unit_name, ReshardPolicy reshard_after_forward)
@@ -37,7 +23,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> p
   world_size_ = process_group_.size();
   post_forward_size_ = reshard_policy_.post_forward_size(world_size_);
   if (post_forward_size_ > 0) {
-    post_forward_group_ = detail::consecutive_subgroup(process_group_, post_forward_size_);
+    post_forward_group_ = post_forward_group(process_group_, post_forward_size_);
   }
   if (params.empty()) throw Error("fully_shard of " + unit_name_ + ": no parameters to shard");
   const at::Tensor& first = params.front().second;
@@ -49,14 +35,10 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> p
                   first.device().str() + "; one unit needs one dtype and device");
     if (!p.is_contiguous() || p.layout() != at::kStrided)
       throw Error("fully_shard of " + unit_name_ + ": parameter '" + name + "' must be a dense contiguous tensor");
-    params_.emplace_back(name, p, rank_, world_size_);
+    params_.emplace_back(name, p, process_group_);
   }
   check_same_on_all_ranks();
-  for (auto& p : params_) {
-    shard_offsets_.push_back(shard_numel_);
-    unsharded_offsets_.push_back(shard_numel_ * world_size_);
-    shard_numel_ += p.padded_chunk_numel();
-  }
+  flat_ = UnitFlatLayout(params_, world_size_);
   bind_flat_buffers(first.options().requires_grad(false), /*initial=*/true);
 }
 
@@ -87,16 +69,16 @@ void FSDPParamGroup::check_same_on_all_ranks() {
 }
 
 void FSDPParamGroup::bind_flat_buffers(const at::TensorOptions& options, bool initial) {
-  sharded_flat_ = at::zeros({shard_numel_}, options);
-  unsharded_flat_ = at::empty({shard_numel_ * world_size_}, options);
+  sharded_flat_ = at::zeros({flat_.shard_numel()}, options);
+  unsharded_flat_ = at::empty({flat_.unsharded_numel()}, options);
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
-    at::Tensor chunk = sharded_flat_.narrow(0, shard_offsets_[i], p.padded_chunk_numel());
+    at::Tensor chunk = sharded_flat_.narrow(0, flat_.shard_offset(i), p.padded_chunk_numel());
     if (initial)
       p.init_sharded(chunk);
     else
       p.rebind_sharded(chunk);
-    p.init_unsharded(unsharded_flat_.narrow(0, unsharded_offsets_[i], p.padded_chunk_numel() * world_size_));
+    p.init_unsharded(unsharded_flat_.narrow(0, flat_.unsharded_offset(i), p.padded_chunk_numel() * world_size_));
   }
   free_unsharded();
 }
@@ -143,9 +125,9 @@ void FSDPParamGroup::unshard(bool use_post_forward_shard) {
   // A reduce-scatter left in flight by a backward that was not the last one.
   finalize_backward();
   if (!use_post_forward_shard) drop_post_forward_shard();
-  sleep_ms(testing_delays().before_all_gather_ms);
+  testing_delay(testing_delays().before_all_gather_ms);
   if (post_forward_shard_.defined()) {
-    all_gather_output_ = at::empty({shard_numel_ * world_size_}, post_forward_shard_.options());
+    all_gather_output_ = at::empty({flat_.unsharded_numel()}, post_forward_shard_.options());
     all_gather_work_ = all_gather_into_tensor(all_gather_output_, post_forward_shard_, post_forward_group_,
                                               /*async_op=*/true);
     return;
@@ -153,7 +135,7 @@ void FSDPParamGroup::unshard(bool use_post_forward_shard) {
   // Optimizer steps write into the shards in place; a user's set_data is folded back here.
   handle_dtype_change();
   for (auto& p : params_) p.check_sharded_data();
-  all_gather_output_ = at::empty({shard_numel_ * world_size_}, sharded_flat_.options());
+  all_gather_output_ = at::empty({flat_.unsharded_numel()}, sharded_flat_.options());
   all_gather_work_ = all_gather_into_tensor(all_gather_output_, sharded_flat_, process_group_, /*async_op=*/true);
 }
 
@@ -184,13 +166,7 @@ void FSDPParamGroup::reshard_after_forward() {
   const int64_t per_member = world_size_ / post_forward_size_;
   const int64_t first = post_forward_group_.rank() * per_member;
   at::NoGradGuard no_grad;
-  at::Tensor kept = at::empty({per_member * shard_numel_}, sharded_flat_.options());
-  at::Tensor by_rank = kept.view({per_member, shard_numel_});
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const auto& p = params_[i];
-    const int64_t c = p.padded_chunk_numel();
-    by_rank.narrow(1, shard_offsets_[i], c).copy_(p.unsharded_region().view({world_size_, c}).narrow(0, first, per_member));
-  }
+  at::Tensor kept = post_forward_shard(params_, flat_, first, per_member, sharded_flat_.options());
   reshard();
   post_forward_shard_ = std::move(kept);
 }
@@ -203,17 +179,81 @@ void FSDPParamGroup::wait_for_unshard() {
   all_gather_work_.wait();
   at::NoGradGuard no_grad;
   allocate_unsharded();
-  // Copy-out: rank r's chunk of parameter i goes to rows [r * chunk_rows, ...) of its region.
-  at::Tensor by_rank = output.view({world_size_, shard_numel_});
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const auto& p = params_[i];
-    const int64_t c = p.padded_chunk_numel();
-    p.unsharded_region().view({world_size_, c}).copy_(by_rank.narrow(1, shard_offsets_[i], c));
-  }
+  copy_out(params_, flat_, output, unsharded_flat_);
   release_storage(output);
   drop_post_forward_shard();
   for (auto& p : params_) p.to_unsharded();
   unsharded_ = true;
+}
+
+std::vector<at::Tensor> FSDPParamGroup::full_values() const {
+  at::NoGradGuard no_grad;
+  at::Tensor gathered = sharded_flat_;
+  if (world_size_ > 1) {
+    gathered = at::empty({flat_.unsharded_numel()}, sharded_flat_.options());
+    all_gather_into_tensor(gathered, sharded_flat_, process_group_);
+  }
+  at::Tensor unsharded = at::empty_like(gathered);
+  copy_out(params_, flat_, gathered, unsharded);
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& p = params_[i];
+    out.push_back(unsharded.narrow(0, flat_.unsharded_offset(i), p.numel()).view(p.unsharded_size()).clone());
+  }
+  return out;
+}
+
+std::vector<ShardMetadata> FSDPParamGroup::flat_shards_metadata() const {
+  std::vector<ShardMetadata> all;
+  int64_t flat_offset = 0;
+  for (const auto& p : params_) {
+    for (int r = 0; r < world_size_; ++r)
+      if (p.rows_of(r) > 0)
+        all.push_back({{flat_offset + p.row_offset(r) * p.row_numel()}, {p.rows_of(r) * p.row_numel()}, r});
+    flat_offset += p.numel();
+  }
+  return all;
+}
+
+ShardedTensor FSDPParamGroup::flat_value() const {
+  std::vector<ShardMetadata> all = flat_shards_metadata();
+  std::vector<Shard> mine;
+  size_t next = 0;
+  for (const auto& p : params_) {
+    if (p.local_rows() == 0) continue;
+    while (all[next].placement != rank_) ++next;
+    mine.push_back({p.sharded_view().detach().reshape({-1}).clone(), all[next++]});
+  }
+  int64_t total = 0;
+  for (const auto& p : params_) total += p.numel();
+  return ShardedTensor::from_local_shards_and_global_metadata(std::move(mine), {total}, sharded_flat_.scalar_type(),
+                                                              std::move(all), process_group_);
+}
+
+std::vector<at::Tensor> FSDPParamGroup::local_rows_from_flat(const ShardedTensor& flat) const {
+  std::vector<at::Tensor> out;
+  if (flat.has_shards(flat_shards_metadata(), world_size_)) {
+    int64_t flat_offset = 0;
+    for (const auto& p : params_) {
+      const int64_t rows = p.local_rows();
+      out.push_back(rows == 0 ? at::empty(p.sharded_size(), at::TensorOptions().dtype(flat.dtype()))
+                              : flat.local_shard({{flat_offset + p.row_offset(rank_) * p.row_numel()}, {rows * p.row_numel()}, rank_})
+                                    .reshape(p.sharded_size()));
+      flat_offset += p.numel();
+    }
+    return out;
+  }
+  // Sharded another way (another world size): the whole flat value once, then each parameter's rows.
+  if (!flat.process_group().is_member())
+    throw Error("FSDP unit " + unit_name_ + ": a flat parameter sharded differently from the model needs redistributing, "
+                "but this rank is not a member of its process group " + flat.process_group().name());
+  at::Tensor full = flat.full_tensor();
+  int64_t flat_offset = 0;
+  for (const auto& p : params_) {
+    out.push_back(p.layout().local_of_full(full.narrow(0, flat_offset, p.numel()).view(p.unsharded_size())));
+    flat_offset += p.numel();
+  }
+  return out;
 }
 
 void FSDPParamGroup::drop_pending_unshard() {
@@ -276,27 +316,10 @@ bool FSDPParamGroup::post_backward() {
     reshard();
     return false;
   }
-  // No memset of the whole input: padding rows only reach padding outputs, which every rank
-  // discards; a parameter without a gradient here must still add zeros to the others' sum.
-  reduce_scatter_input_ = at::empty({world_size_ * shard_numel_}, sharded_flat_.options());
-  at::Tensor by_rank = reduce_scatter_input_.view({world_size_, shard_numel_});
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const auto& p = params_[i];
-    if (!had_grad_[i]) {
-      by_rank.narrow(1, shard_offsets_[i], p.padded_chunk_numel()).zero_();
-      continue;
-    }
-    at::Tensor rows = grads[i].reshape({p.dim0(), p.row_numel()});
-    for (int r = 0; r < world_size_; ++r) {
-      const int64_t n = p.rows_of(r);
-      if (n == 0) continue;
-      by_rank[r].narrow(0, shard_offsets_[i], n * p.row_numel()).view({n, p.row_numel()}).copy_(rows.narrow(0, p.row_offset(r), n));
-    }
-    grads[i] = at::Tensor();  // free each full gradient as soon as it is copied
-  }
+  reduce_scatter_input_ = reduce_scatter_input(params_, flat_, grads, sharded_flat_.options());
   reshard();
-  reduce_scatter_output_ = at::empty({shard_numel_}, sharded_flat_.options());
-  sleep_ms(testing_delays().before_reduce_scatter_ms);
+  reduce_scatter_output_ = at::empty({flat_.shard_numel()}, sharded_flat_.options());
+  testing_delay(testing_delays().before_reduce_scatter_ms);
   reduce_scatter_work_ = reduce_scatter_tensor(reduce_scatter_output_, reduce_scatter_input_, ReduceOp::AVG, process_group_,
                                                /*async_op=*/true);
   return true;
@@ -314,9 +337,8 @@ void FSDPParamGroup::finalize_backward() {
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!had_grad_[i]) continue;
-    auto& p = params_[i];
-    at::Tensor shard = output.narrow(0, shard_offsets_[i], p.local_rows() * p.row_numel()).view(p.sharded_size());
-    at::Tensor& grad = p.param().mutable_grad();
+    at::Tensor shard = gradient_shard(params_, flat_, output, i);
+    at::Tensor& grad = params_[i].param().mutable_grad();
     if (grad.defined() && grad.sizes() == shard.sizes()) {
       grad.add_(shard);
     } else {

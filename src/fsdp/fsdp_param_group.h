@@ -1,17 +1,8 @@
 #pragma once
-// One FSDP unit's parameters: the flat sharded buffer (this rank's padded chunks, which the
-// parameters view at rest), the all-gather into one flat buffer and the copy-out into the
-// unsharded buffer (which the parameters view during compute), and the reduce-scatter of
-// gradients into shard-shaped `.grad`.
-//
-// Layouts, with S = sum of the parameters' padded chunk sizes and N = group size:
-//   sharded flat [S]:        param 0 chunk | param 1 chunk | ...    (offsets shard_offset)
-//   all-gather output [N*S]: rank 0's sharded flat | rank 1's | ...
-//   unsharded flat [N*S]:    param 0 all rows (padded) | param 1 all rows | ...
-//   post-forward shard [N/k*S]: with reshard_after_forward = k, the all-gather output's
-//                            chunks of ranks [j*N/k, (j+1)*N/k) for member j of this rank's
-//                            k-rank post-forward group (consecutive ranks), so an all-gather
-//                            over that group rebuilds the all-gather output for backward.
+// One FSDP unit's state machine: sharded, gathering (all-gather in flight), unsharded, and
+// resharded after forward (maybe keeping the k-way post-forward shard); then, in backward, the
+// reduce-scatter of the gradients into shard-shaped `.grad` and gradient accumulation. The
+// flat buffers' byte layouts and the collectives' inputs and outputs are in fsdp_collectives.
 // The unsharded flat keeps one storage for the unit's life; resharding frees its memory
 // (the storage shrinks to 0 bytes) and unsharding reallocates it, so views that autograd
 // saved during forward see the regathered values in backward.
@@ -23,20 +14,13 @@
 
 #include <fsdpp/process_group.h>
 #include <fsdpp/reshard_policy.h>
+#include <fsdpp/sharded_tensor.h>
 #include <fsdpp/work.h>
 
+#include "fsdp/fsdp_collectives.h"
 #include "fsdp/fsdp_param.h"
 
 namespace fsdpp::detail {
-
-// Sleeps the engine takes before issuing its collectives: tests set rank-dependent values
-// to shake out ordering assumptions (seed 001's delay_before_all_gather and
-// delay_before_reduce_scatter). Zero outside tests.
-struct FSDPTestingDelays {
-  int before_all_gather_ms = 0;
-  int before_reduce_scatter_ms = 0;
-};
-FSDPTestingDelays& testing_delays();
 
 class FSDPParamGroup {
  public:
@@ -49,8 +33,7 @@ class FSDPParamGroup {
 
   const std::vector<FSDPParam>& fsdp_params() const { return params_; }
   const ProcessGroup& process_group() const { return process_group_; }
-  int64_t sharded_numel() const { return shard_numel_; }
-  int64_t unsharded_numel() const { return shard_numel_ * world_size_; }
+  int64_t unsharded_numel() const { return flat_.unsharded_numel(); }
 
   // Starts the all-gather (asynchronously) unless unsharded or already started. With
   // use_post_forward_shard it gathers from the k-way post-forward shard when one is kept
@@ -59,7 +42,6 @@ class FSDPParamGroup {
   // Waits for the all-gather and makes the parameters views into the unsharded buffer.
   void wait_for_unshard();
   bool is_unsharded() const { return unsharded_; }
-  bool unshard_in_flight() const { return all_gather_output_.defined(); }
   // Parameters back to shards; frees the unsharded memory (and any post-forward shard).
   void reshard();
   // Copies this rank's rows of the unsharded parameters into the shards (summon_full_params
@@ -68,7 +50,6 @@ class FSDPParamGroup {
   // After forward, as the reshard policy says: nothing, reshard, or reshard keeping the k-way
   // post-forward shard.
   void reshard_after_forward();
-  bool has_post_forward_shard() const { return post_forward_shard_.defined(); }
   // set_reshard_after_forward: a bool from now on (no post-forward shard).
   void set_reshard_after_forward(bool v) { reshard_policy_ = v; post_forward_size_ = 0; }
 
@@ -77,7 +58,6 @@ class FSDPParamGroup {
   bool post_backward();
   // Waits for the reduce-scatter and writes (or adds) each parameter's gradient shard.
   void finalize_backward();
-  bool reduce_scatter_in_flight() const { return reduce_scatter_output_.defined(); }
   // In flight and finished on the wire: finalize_backward() will not block.
   bool reduce_scatter_done() const { return reduce_scatter_output_.defined() && reduce_scatter_work_.is_completed(); }
 
@@ -89,7 +69,16 @@ class FSDPParamGroup {
   void set_reshard_after_backward(bool v) { reshard_after_backward_ = v; }
   // Waits for and drops an all-gather nobody used (a prefetch for a unit that did not run).
   void drop_pending_unshard();
-  bool requires_gradient_sync() const { return requires_gradient_sync_; }
+
+  // For state dicts. Each parameter's full value (a copy), by the unit's own all-gather and
+  // copy-out into a buffer of its own: the unit's state does not change. Collective.
+  std::vector<at::Tensor> full_values() const;
+  // The LOCAL state dict's flat parameter: the parameters flattened and concatenated, each
+  // parameter's rows on the rank that holds them (a copy of this rank's). No communication.
+  ShardedTensor flat_value() const;
+  // Each parameter's rows on this rank (shaped as its shard) from a flat value, which may be
+  // sharded another way (then its full_tensor(): collective over its group).
+  std::vector<at::Tensor> local_rows_from_flat(const ShardedTensor& flat) const;
 
  private:
   // Follows a cast of the parameters (module->to(dtype) after wrapping): new flat buffers
@@ -100,6 +89,7 @@ class FSDPParamGroup {
   // New flat sharded and unsharded buffers with `options`, the parameters bound to them
   // (initial: their current full values are sharded; else their shards move over).
   void bind_flat_buffers(const at::TensorOptions& options, bool initial);
+  std::vector<ShardMetadata> flat_shards_metadata() const;
   void allocate_unsharded();
   void free_unsharded();
   void drop_post_forward_shard();
@@ -109,9 +99,7 @@ class FSDPParamGroup {
   int rank_ = 0;
   int world_size_ = 1;
   std::vector<FSDPParam> params_;
-  std::vector<int64_t> shard_offsets_;
-  std::vector<int64_t> unsharded_offsets_;
-  int64_t shard_numel_ = 0;
+  UnitFlatLayout flat_;
   at::Tensor sharded_flat_;
   at::Tensor unsharded_flat_;
   bool unsharded_ = false;

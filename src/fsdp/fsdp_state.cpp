@@ -114,26 +114,30 @@ at::Tensor FSDPState::attach_post_backward(const at::Tensor& input) {
 void FSDPState::lazy_init_as_root(const std::vector<std::shared_ptr<FSDPState>>& inner) {
   is_root_ = true;
   lazy_initialized_ = true;
-  root_ = weak_from_this();
-  tree_.clear();
-  tree_.push_back(weak_from_this());
-  recording_order_ = true;
-  forward_order_.clear();
-  post_forward_order_.clear();
+  context_ = std::make_shared<FSDPRootContext>();
+  context_->states.push_back(weak_from_this());
+  context_->recording_order = true;
   for (const auto& s : inner) {
     if (s.get() == this) continue;
     s->is_root_ = false;
     s->lazy_initialized_ = true;
-    s->root_ = weak_from_this();
-    s->tree_.clear();
-    tree_.push_back(s);
+    s->context_ = context_;
+    context_->states.push_back(s);
   }
 }
 
+namespace {
+void append_once(std::vector<std::weak_ptr<FSDPState>>& order, FSDPState* s) {
+  for (auto& w : order)
+    if (w.lock().get() == s) return;
+  order.push_back(s->weak_from_this());
+}
+}  // namespace
+
 void FSDPState::pre_forward() {
-  if (is_root_ && !final_callback_queued_) {
+  if (is_root_ && !context_->final_callback_queued) {
     // Outside backward no unit can be mid-backward: clear what a backward that threw left.
-    for (auto& w : tree_)
+    for (auto& w : context_->states)
       if (auto s = w.lock()) {
         s->ran_pre_backward_ = false;
         s->ran_post_backward_ = false;
@@ -141,8 +145,7 @@ void FSDPState::pre_forward() {
       }
   }
   training_state_ = TrainingState::kForward;
-  auto root = root_.lock();
-  if (root && root->recording_order_) root->record_pre_forward(this);
+  if (context_ && context_->recording_order) append_once(context_->forward_order, this);
   if (param_group_) param_group_->unshard();
   if (has_explicit_forward_prefetch_) {
     for (auto& w : explicit_forward_prefetch_)
@@ -157,34 +160,25 @@ void FSDPState::pre_forward() {
 void FSDPState::post_forward() {
   if (param_group_ && !is_root_) param_group_->reshard_after_forward();
   training_state_ = TrainingState::kIdle;
-  auto root = root_.lock();
-  if (root && root->recording_order_) {
-    root->record_post_forward(this);
-    if (root.get() == this) link_prefetch_order();
+  if (context_ && context_->recording_order) {
+    append_once(context_->post_forward_order, this);
+    if (is_root_) link_prefetch_order();
   }
 }
 
-namespace {
-void append_once(std::vector<std::weak_ptr<FSDPState>>& order, FSDPState* s) {
-  for (auto& w : order)
-    if (w.lock().get() == s) return;
-  order.push_back(s->weak_from_this());
-}
-}  // namespace
-
-void FSDPState::record_pre_forward(FSDPState* s) { append_once(forward_order_, s); }
-void FSDPState::record_post_forward(FSDPState* s) { append_once(post_forward_order_, s); }
 
 void FSDPState::link_prefetch_order() {
-  recording_order_ = false;
-  for (size_t i = 0; i + 1 < forward_order_.size(); ++i)
-    if (auto s = forward_order_[i].lock()) s->forward_prefetch_ = forward_order_[i + 1];
-  for (size_t i = 1; i < post_forward_order_.size(); ++i)
-    if (auto s = post_forward_order_[i].lock()) s->backward_prefetch_ = post_forward_order_[i - 1];
+  context_->recording_order = false;
+  const auto& forward = context_->forward_order;
+  const auto& post_forward = context_->post_forward_order;
+  for (size_t i = 0; i + 1 < forward.size(); ++i)
+    if (auto s = forward[i].lock()) s->forward_prefetch_ = forward[i + 1];
+  for (size_t i = 1; i < post_forward.size(); ++i)
+    if (auto s = post_forward[i].lock()) s->backward_prefetch_ = post_forward[i - 1];
 }
 
 void FSDPState::pre_backward() {
-  if (auto root = root_.lock()) root->queue_final_callback();
+  queue_final_callback();
   if (ran_pre_backward_) return;
   ran_pre_backward_ = true;
   training_state_ = TrainingState::kPreBackward;
@@ -211,25 +205,25 @@ void FSDPState::post_backward() {
   if (param_group_) param_group_->post_backward();
   // Reduce-scatters that already finished free their buffers now rather than at the end of
   // backward, so backward's memory does not grow with the number of units.
-  if (auto root = root_.lock())
-    for (auto& w : root->tree_)
+  if (context_)
+    for (auto& w : context_->states)
       if (auto s = w.lock())
         if (s->param_group_ && s->param_group_->reduce_scatter_done()) s->param_group_->finalize_backward();
 }
 
 void FSDPState::queue_final_callback() {
-  if (final_callback_queued_) return;
-  final_callback_queued_ = true;
-  std::weak_ptr<FSDPState> self = weak_from_this();
-  torch::autograd::Engine::get_default_engine().queue_callback([self] {
-    if (auto state = self.lock()) state->final_callback();
+  if (!context_ || context_->final_callback_queued) return;
+  context_->final_callback_queued = true;
+  std::weak_ptr<FSDPRootContext> context = context_;
+  torch::autograd::Engine::get_default_engine().queue_callback([context] {
+    if (auto c = context.lock()) final_callback(*c);
   });
 }
 
-void FSDPState::final_callback() {
-  final_callback_queued_ = false;
+void FSDPState::final_callback(FSDPRootContext& context) {
+  context.final_callback_queued = false;
   std::vector<std::shared_ptr<FSDPState>> states;
-  for (auto& w : tree_)
+  for (auto& w : context.states)
     if (auto s = w.lock()) states.push_back(std::move(s));
   // Units whose post-backward did not run from their inputs (inputs that needed no grad, or
   // an input branch backward never reached) finish now, innermost last registered first.

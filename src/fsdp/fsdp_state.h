@@ -17,6 +17,18 @@ namespace fsdpp::detail {
 
 enum class TrainingState { kIdle, kForward, kPreBackward, kPostBackward };
 
+class FSDPState;
+
+// What the units of one root's tree share (FSDP2's FSDPStateContext), made by the root's lazy
+// init: the units, the order they ran forward in during the first iteration (for implicit
+// prefetching), and whether the end-of-backward callback is queued.
+struct FSDPRootContext {
+  std::vector<std::weak_ptr<FSDPState>> states;  // the root first, then the units inside
+  bool recording_order = false;
+  std::vector<std::weak_ptr<FSDPState>> forward_order, post_forward_order;
+  bool final_callback_queued = false;
+};
+
 class FSDPState : public std::enable_shared_from_this<FSDPState> {
  public:
   FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
@@ -37,8 +49,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   bool lazy_initialized() const { return lazy_initialized_; }
   // Between this unit's pre-forward and post-forward, or inside a backward of its tree.
   bool in_forward_or_backward() const {
-    auto root = root_.lock();
-    return training_state_ != TrainingState::kIdle || (root && root->final_callback_queued_);
+    return training_state_ != TrainingState::kIdle || (context_ && context_->final_callback_queued);
   }
   // Off: the end of backward does not wait for this tree's reduce-scatters (more
   // microbatches follow); they finish at the next forward or backward.
@@ -75,11 +86,9 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   // start and finish forward; afterwards each unit's pre-forward starts the next unit's
   // all-gather, and each unit's pre-backward the one that runs backward after it (the unit
   // that finished forward before it).
-  void record_pre_forward(FSDPState* s);
-  void record_post_forward(FSDPState* s);
   void link_prefetch_order();
   void queue_final_callback();
-  void final_callback();
+  static void final_callback(FSDPRootContext& context);
   void reset_iteration();
 
   static int64_t next_id();
@@ -91,15 +100,11 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   bool is_last_backward_ = true;
   bool is_root_ = false;
   bool lazy_initialized_ = false;
-  std::weak_ptr<FSDPState> root_;
-  std::vector<std::weak_ptr<FSDPState>> tree_;  // root only: itself and the units inside
-  bool recording_order_ = false;                 // root only
-  std::vector<std::weak_ptr<FSDPState>> forward_order_, post_forward_order_;  // root only
+  std::shared_ptr<FSDPRootContext> context_;  // shared by the tree; null before lazy init
   std::weak_ptr<FSDPState> forward_prefetch_, backward_prefetch_;
   bool has_explicit_forward_prefetch_ = false, has_explicit_backward_prefetch_ = false;
   std::vector<std::weak_ptr<FSDPState>> explicit_forward_prefetch_, explicit_backward_prefetch_;
   TrainingState training_state_ = TrainingState::kIdle;
-  bool final_callback_queued_ = false;
   bool ran_pre_backward_ = false;
   bool ran_post_backward_ = false;
   int post_backward_nodes_expected_ = 0;

@@ -16,7 +16,7 @@
 #include <fsdpp/error.h>
 
 #include "common/shape_string.h"
-#include "state_dict/fsdp_layout.h"
+#include "state_dict/model_layout.h"
 
 namespace fsdpp {
 
@@ -147,29 +147,7 @@ int global_rank() {
 at::Tensor offloaded(const at::Tensor& t, bool offload) {
   return offload ? t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/false) : t;
 }
-
-// The LOCAL value of a unit: its parameters flattened and concatenated (global size: their total
-// numel), of which this rank holds each parameter's rows as one shard.
-ShardedTensor local_flat_param(const detail::UnitEntry& u, bool offload) {
-  const auto& g = u.group();
-  const int rank = g.process_group().rank(), n = g.process_group().size();
-  std::vector<ShardMetadata> all;
-  std::vector<Shard> mine;
-  int64_t flat_offset = 0;
-  for (const auto& p : g.fsdp_params()) {
-    for (int r = 0; r < n; ++r) {
-      const int64_t rows = p.rows_of(r);
-      if (rows == 0) continue;
-      ShardMetadata m{{flat_offset + p.row_offset(r) * p.row_numel()}, {rows * p.row_numel()}, r};
-      if (r == rank) mine.push_back({offloaded(p.sharded_view().detach().reshape({-1}).clone(), offload), m});
-      all.push_back(std::move(m));
-    }
-    flat_offset += p.numel();
-  }
-  return ShardedTensor::from_local_shards_and_global_metadata(std::move(mine), {flat_offset},
-                                                              g.fsdp_params().front().param().scalar_type(),
-                                                              std::move(all), g.process_group());
-}
+ShardedTensor offload_sharded(const ShardedTensor& st, bool offload) { return offload ? st.cpu() : st; }
 
 StateDict produce(torch::nn::Module& model, StateDictType type, bool offload, bool rank0_only) {
   at::NoGradGuard no_grad;
@@ -186,22 +164,20 @@ StateDict produce(torch::nn::Module& model, StateDictType type, bool offload, bo
       return empty;
     }
     for (const auto& e : layout.entries)
-      sd.insert(e.key, offloaded(e.fsdp_param ? full.at(e.fsdp_param) : e.tensor.detach().clone(), offload));
+      sd.insert(e.key, offloaded(e.sharded ? full.at(e.tensor.unsafeGetTensorImpl()) : e.tensor.detach().clone(), offload));
     return sd;
   }
   size_t next_unit = 0;
   for (size_t i = 0; i <= layout.entries.size(); ++i) {
     if (type == StateDictType::LOCAL_STATE_DICT)
       for (; next_unit < layout.units.size() && layout.units[next_unit].first_entry == i; ++next_unit)
-        sd.insert(layout.units[next_unit].flat_key, local_flat_param(layout.units[next_unit], offload));
+        sd.insert(layout.units[next_unit].flat_key, offload_sharded(layout.units[next_unit].unit->flat_parameter(), offload));
     if (i == layout.entries.size()) break;
     const ModelEntry& e = layout.entries[i];
-    if (!e.fsdp_param) {
+    if (!e.sharded) {
       sd.insert(e.key, offloaded(e.tensor.detach().clone(), offload));
     } else if (type == StateDictType::SHARDED_STATE_DICT) {
-      const auto& group = e.unit->fsdp_state()->param_group()->process_group();
-      ShardedTensor st = detail::to_sharded(*e.fsdp_param, e.fsdp_param->sharded_view(), group, /*copy=*/true);
-      sd.insert(e.key, offload ? st.cpu() : st);
+      sd.insert(e.key, offload_sharded(e.sharded->layout.to_sharded_tensor(e.sharded->local_shard, /*copy=*/true), offload));
     }
   }
   return sd;
@@ -268,8 +244,8 @@ IncompatibleKeys load(torch::nn::Module& model, const StateDict& sd, std::option
   for (const auto& u : layout.units)
     if (local) model_keys.push_back(u.flat_key);
   for (const auto& e : layout.entries) {
-    if (e.fsdp_param) fsdp_param_keys.insert(e.key);
-    if (!(local && e.fsdp_param)) model_keys.push_back(e.key);
+    if (e.sharded) fsdp_param_keys.insert(e.key);
+    if (!(local && e.sharded)) model_keys.push_back(e.key);
   }
   model_key_set.insert(model_keys.begin(), model_keys.end());
   IncompatibleKeys result;
@@ -298,10 +274,10 @@ IncompatibleKeys load(torch::nn::Module& model, const StateDict& sd, std::option
   // Check every present entry and plan its write.
   std::vector<Write> writes;
   for (const auto& e : layout.entries) {
-    if (local && e.fsdp_param) continue;
+    if (local && e.sharded) continue;
     const StateDictValue* v = sd.find(e.key);
     if (!v) continue;
-    if (!e.fsdp_param) {
+    if (!e.sharded) {
       if (!v->is_tensor())
         throw Error(api + ": '" + e.key + "' is a ShardedTensor but the model holds it whole (not sharded by FSDP)");
       check_shape(api, e.key, v->tensor().sizes().vec(), e.tensor.sizes().vec());
@@ -309,74 +285,41 @@ IncompatibleKeys load(torch::nn::Module& model, const StateDict& sd, std::option
       writes.push_back({e.tensor, [src] { return src; }});
       continue;
     }
-    const detail::FSDPParam& p = *e.fsdp_param;
-    const ProcessGroup& group = e.unit->fsdp_state()->param_group()->process_group();
-    check_shape(api, e.key, v->sizes(), p.unsharded_size());
+    const TensorLayout& layout_of_param = e.sharded->layout;
+    check_shape(api, e.key, v->sizes(), layout_of_param.global_shape());
     if (v->is_tensor()) {
       if (expected == StateDictType::SHARDED_STATE_DICT)
         throw Error(api + ": '" + e.key + "' is a whole tensor but the model's state_dict_type is SHARDED_STATE_DICT, "
                     "which loads a ShardedTensor per parameter (a FULL state dict? load it under FULL_STATE_DICT)");
       at::Tensor src = v->tensor();
-      const int rank = group.rank(), n = group.size();
-      writes.push_back({p.param(), [&p, src, rank, n] { return detail::rows_of_full(p, src, rank, n); }});
+      writes.push_back({e.tensor, [&layout_of_param, src] { return layout_of_param.local_of_full(src); }});
     } else {
       if (expected == StateDictType::FULL_STATE_DICT)
         throw Error(api + ": '" + e.key + "' is a ShardedTensor but the model's state_dict_type is FULL_STATE_DICT, "
                     "which loads whole tensors (a SHARDED state dict? load it under SHARDED_STATE_DICT)");
       ShardedTensor st = v->sharded_tensor();
-      writes.push_back({p.param(), [&p, st, group] { return detail::local_rows_from(st, p, group); }});
+      writes.push_back({e.tensor, [&layout_of_param, st] { return layout_of_param.local_from(st); }});
     }
   }
   if (local) {
     for (const auto& u : layout.units) {
       const StateDictValue* v = sd.find(u.flat_key);
       if (!v) continue;
-      const auto& g = u.group();
+      const auto params = u.unit->sharded_parameters();
       int64_t total = 0;
-      for (const auto& p : g.fsdp_params()) total += p.numel();
+      for (const auto& p : params) total += p.layout.numel();
       if (!v->is_sharded())
         throw Error(api + ": '" + u.flat_key + "' is a whole tensor; LOCAL_STATE_DICT loads a ShardedTensor per unit");
       check_shape(api, u.flat_key, v->sizes(), {total});
+      // One source resolves the unit (redistributing at most once); the others read its result.
+      auto rows = std::make_shared<std::vector<at::Tensor>>();
       const ShardedTensor st = v->sharded_tensor();
-      const ProcessGroup& group = g.process_group();
-      const int rank = group.rank(), n = group.size();
-      // The flat layout of this model: each parameter's rows per rank, at its offset.
-      std::vector<ShardMetadata> expected_shards;
-      int64_t flat_offset = 0;
-      for (const auto& p : g.fsdp_params()) {
-        for (int r = 0; r < n; ++r)
-          if (p.rows_of(r) > 0)
-            expected_shards.push_back({{flat_offset + p.row_offset(r) * p.row_numel()}, {p.rows_of(r) * p.row_numel()}, r});
-        flat_offset += p.numel();
-      }
-      if (detail::matches_row_layout(st, expected_shards, n)) {
-        flat_offset = 0;
-        for (const auto& p : g.fsdp_params()) {
-          if (p.rows_of(rank) > 0) {
-            ShardMetadata m{{flat_offset + p.row_offset(rank) * p.row_numel()}, {p.rows_of(rank) * p.row_numel()}, rank};
-            at::Tensor src = detail::local_shard_with(st, m).reshape(detail::sharded_size_of(p, rank));
-            writes.push_back({p.param(), [src] { return src; }});
-          }
-          flat_offset += p.numel();
-        }
-      } else {
-        // Sharded another way (another world size): gather the flat value once, then slice.
-        if (!st.process_group().is_member())
-          throw Error(api + ": '" + u.flat_key + "' is sharded differently from the model and this rank is not a "
-                      "member of its process group " + st.process_group().name());
-        auto full = std::make_shared<at::Tensor>();
-        flat_offset = 0;
-        bool first = true;
-        for (const auto& p : g.fsdp_params()) {
-          const int64_t off = flat_offset;
-          writes.push_back({p.param(), [&p, st, full, off, rank, n, first] {
-                              if (first) *full = st.full_tensor();
-                              return detail::rows_of_full(p, full->narrow(0, off, p.numel()), rank, n);
-                            }});
-          first = false;
-          flat_offset += p.numel();
-        }
-      }
+      FSDPModule* unit = u.unit;
+      for (size_t i = 0; i < params.size(); ++i)
+        writes.push_back({params[i].param, [unit, st, rows, i] {
+                            if (rows->empty()) *rows = unit->local_rows_from_flat_parameter(st);
+                            return (*rows)[i];
+                          }});
     }
   }
 

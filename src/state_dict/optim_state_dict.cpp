@@ -22,7 +22,7 @@
 #include "compat/optimizer_state_key.h"
 #include "optim/optimizer_state.h"
 #include "optim/optimizer_traits.h"
-#include "state_dict/fsdp_layout.h"
+#include "state_dict/model_layout.h"
 
 namespace fsdpp {
 namespace {
@@ -52,7 +52,7 @@ const ParamInfo& info_of(const std::unordered_map<const c10::TensorImpl*, ParamI
   return it->second;
 }
 
-const ProcessGroup& group_of(const detail::ModelEntry& e) { return e.unit->fsdp_state()->param_group()->process_group(); }
+const ProcessGroup& group_of(const detail::ModelEntry& e) { return e.sharded->layout.process_group(); }
 
 // ---- set_optimizer_state_dict: check, plan, resolve, commit --------------------------------
 // The shape of checkpoint::load: nothing is written until every entry has been checked and
@@ -160,12 +160,12 @@ void check_entries(const LoadPlan& plan, const OptimizerStateTraits& traits, con
         throw Error(api + ": '" + key + "' has state entry '" + name + "', which " + c10::demangle(typeid(optim).name()) +
                     " does not keep");
       const std::vector<int64_t> expected =
-          pl.entry->fsdp_param ? pl.entry->fsdp_param->unsharded_size() : pl.entry->tensor.sizes().vec();
+          pl.entry->sharded ? pl.entry->sharded->layout.global_shape() : pl.entry->tensor.sizes().vec();
       if (value.sizes() != expected)
         throw Error(api + ": size mismatch for '" + key + "' entry '" + name + "': the state dict has shape " +
                     detail::shape_string(value.sizes()) + ", the parameter in the current model has " +
                     detail::shape_string(expected));
-      if (value.is_sharded() && !pl.entry->fsdp_param)
+      if (value.is_sharded() && !pl.entry->sharded)
         throw Error(api + ": '" + key + "' entry '" + name + "' is a ShardedTensor but the model holds '" + key + "' whole");
     }
     for (const auto& name : traits.required)
@@ -189,12 +189,11 @@ std::vector<std::pair<compat::OptimizerStateKey, std::unique_ptr<OptimizerParamS
       const StateDictValue* v = pl.entries->find(names[j]);
       if (!v) continue;
       at::Tensor local;
-      if (!e.fsdp_param) {
+      if (!e.sharded) {
         local = v->tensor().detach().clone();
       } else {
-        const ProcessGroup& group = group_of(e);
-        local = v->is_sharded() ? detail::local_rows_from(v->sharded_tensor(), *e.fsdp_param, group)
-                                : detail::rows_of_full(*e.fsdp_param, v->tensor(), group.rank(), group.size());
+        const TensorLayout& layout = e.sharded->layout;
+        local = v->is_sharded() ? layout.local_from(v->sharded_tensor()) : layout.local_of_full(v->tensor());
         local = local.contiguous().clone();
       }
       tensors[j] = local.to(e.tensor.options().requires_grad(false));
@@ -244,7 +243,7 @@ NamedOptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const
       const detail::ModelEntry& e = *info.entry;
       std::vector<at::Tensor> tensors = st ? traits.tensors(*st) : std::vector<at::Tensor>(names.size());
       int64_t step = st ? traits.step(*st) : 0;
-      if (e.fsdp_param) {
+      if (e.sharded) {
         // The ranks agree on which entries exist (a rank holding no rows may have none) and on
         // the step, so every rank joins the same gathers.
         std::vector<int64_t> flags{st ? 1 : 0, step};
@@ -258,10 +257,11 @@ NamedOptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const
         if (traits.has_step) entries.insert("step", at::scalar_tensor(step, at::kLong));
         for (size_t j = 0; j < names.size(); ++j) {
           if (agreed[2 + static_cast<int64_t>(j)].item<int64_t>() == 0) continue;
+          const TensorLayout& layout = e.sharded->layout;
           at::Tensor local = tensors[j].defined()
                                  ? tensors[j]
-                                 : at::zeros(detail::sharded_size_of(*e.fsdp_param, rank), p.options().requires_grad(false));
-          ShardedTensor sharded = detail::to_sharded(*e.fsdp_param, local, group_of(e), /*copy=*/!full);
+                                 : at::zeros(layout.local_shape(rank), p.options().requires_grad(false));
+          ShardedTensor sharded = layout.to_sharded_tensor(local, /*copy=*/!full);
           if (full) {
             at::Tensor whole = sharded.full_tensor();
             entries.insert(names[j], offload ? whole.to(at::kCPU) : whole);

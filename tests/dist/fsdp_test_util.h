@@ -12,7 +12,7 @@
 #include <fsdpp/fully_shard.h>
 
 #include "dist/world_sizes.h"
-#include "fsdp/fsdp_param_group.h"
+#include "fsdp/testing_delays.h"
 #include "harness/multi_process.h"
 
 namespace fsdpp {

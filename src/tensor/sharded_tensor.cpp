@@ -203,6 +203,19 @@ ShardedTensor ShardedTensor::from_local_shards_and_global_metadata(std::vector<S
   return st;
 }
 
+bool ShardedTensor::has_shards(const std::vector<ShardMetadata>& shards, int group_size) const {
+  if (group_.size() != group_size || shards_metadata_.size() != shards.size()) return false;
+  for (const auto& m : shards)
+    if (std::find(shards_metadata_.begin(), shards_metadata_.end(), m) == shards_metadata_.end()) return false;
+  return true;
+}
+
+const at::Tensor& ShardedTensor::local_shard(const ShardMetadata& m) const {
+  for (const auto& s : local_shards_)
+    if (s.metadata == m) return s.tensor;
+  throw Error("ShardedTensor: no local " + describe(m) + " on this rank");
+}
+
 at::Tensor ShardedTensor::full_tensor() const {
   if (!defined_) throw Error("ShardedTensor::full_tensor: the sharded tensor is empty (default-constructed)");
   at::NoGradGuard no_grad;
