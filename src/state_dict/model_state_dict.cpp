@@ -220,40 +220,44 @@ void check_shape(const std::string& api, const std::string& key, const std::vect
                 " from the state dict, the shape in the current model is " + shape_string(expected));
 }
 
-// One write of the load, prepared before anything is written.
-struct Write {
-  at::Tensor dst;
-  std::function<at::Tensor()> src;  // may communicate (redistribution); called in module order
+// ---- load: check, plan, resolve, commit (the shape of checkpoint::load): nothing is written
+// until every entry has been checked and every source resolved.
+
+// What a load asks of this model: its layout, the kind it expects, the name for errors.
+struct LoadRequest {
+  const StateDict& sd;
+  ModelLayout layout;
+  std::optional<StateDictType> expected;
+  std::string api;
+  bool local() const { return expected == StateDictType::LOCAL_STATE_DICT; }
 };
 
-IncompatibleKeys load(torch::nn::Module& model, const StateDict& sd, std::optional<StateDictType> expected, bool strict,
-                      const std::string& api) {
-  if (sd.rank0_only_placeholder)
+// Check: the dict's kind and keys against the model's (strict: no missing or unexpected key).
+IncompatibleKeys check_keys(const LoadRequest& req, bool strict) {
+  const std::string& api = req.api;
+  if (req.sd.rank0_only_placeholder)
     throw Error(api + ": rank " + std::to_string(global_rank()) +
                 " was given the empty state dict that a FULL state dict with rank0_only gives ranks other than 0; "
                 "load rank 0's dict on every rank, or use set_model_state_dict with broadcast_from_rank0");
-  if (expected && sd.type && *sd.type != *expected)
-    throw Error(api + ": the state dict is a " + to_string(*sd.type) + " but the model's state_dict_type is " +
-                to_string(*expected));
-  ModelLayout layout = detail::collect_layout(model);
-  const bool local = expected == StateDictType::LOCAL_STATE_DICT;
-
+  if (req.expected && req.sd.type && *req.sd.type != *req.expected)
+    throw Error(api + ": the state dict is a " + to_string(*req.sd.type) + " but the model's state_dict_type is " +
+                to_string(*req.expected));
   // Expected keys, in module order.
   std::vector<std::string> model_keys;
   std::unordered_set<std::string> model_key_set, fsdp_param_keys;
-  for (const auto& u : layout.units)
-    if (local) model_keys.push_back(u.flat_key);
-  for (const auto& e : layout.entries) {
+  for (const auto& u : req.layout.units)
+    if (req.local()) model_keys.push_back(u.flat_key);
+  for (const auto& e : req.layout.entries) {
     if (e.sharded) fsdp_param_keys.insert(e.key);
-    if (!(local && e.sharded)) model_keys.push_back(e.key);
+    if (!(req.local() && e.sharded)) model_keys.push_back(e.key);
   }
   model_key_set.insert(model_keys.begin(), model_keys.end());
   IncompatibleKeys result;
   for (const auto& k : model_keys)
-    if (!sd.contains(k)) result.missing_keys.push_back(k);
-  for (const auto& [k, v] : sd)
+    if (!req.sd.contains(k)) result.missing_keys.push_back(k);
+  for (const auto& [k, v] : req.sd)
     if (!model_key_set.count(k)) result.unexpected_keys.push_back(k);
-  if (local) {
+  if (req.local()) {
     for (const auto& k : result.unexpected_keys)
       if (fsdp_param_keys.count(k))
         throw Error(api + ": the model's state_dict_type is LOCAL_STATE_DICT, which holds one '<unit>._flat_param' per "
@@ -262,7 +266,7 @@ IncompatibleKeys load(torch::nn::Module& model, const StateDict& sd, std::option
     for (const auto& k : result.unexpected_keys)
       if (k.size() >= 11 && k.compare(k.size() - 11, 11, "_flat_param") == 0)
         throw Error(api + ": the state dict holds '" + k + "', a LOCAL_STATE_DICT flat parameter, but the model's "
-                    "state_dict_type is " + (expected ? to_string(*expected) : std::string("FULL or SHARDED")));
+                    "state_dict_type is " + (req.expected ? to_string(*req.expected) : std::string("FULL or SHARDED")));
   }
   if (strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty())) {
     std::string msg = api + ": error(s) in loading the state dict:";
@@ -270,12 +274,23 @@ IncompatibleKeys load(torch::nn::Module& model, const StateDict& sd, std::option
     if (!result.missing_keys.empty()) msg += " missing key(s) in state_dict: " + join(result.missing_keys) + ".";
     throw Error(msg);
   }
+  return result;
+}
 
-  // Check every present entry and plan its write.
+// One write of the load, prepared before anything is written.
+struct Write {
+  at::Tensor dst;
+  std::function<at::Tensor()> src;  // may communicate (redistribution); called in module order
+};
+
+// Plan: checks every present entry (shape, whole or sharded as the kind says) and says where
+// its value goes and how this rank's part of it is found.
+std::vector<Write> plan_writes(const LoadRequest& req) {
+  const std::string& api = req.api;
   std::vector<Write> writes;
-  for (const auto& e : layout.entries) {
-    if (local && e.sharded) continue;
-    const StateDictValue* v = sd.find(e.key);
+  for (const auto& e : req.layout.entries) {
+    if (req.local() && e.sharded) continue;
+    const StateDictValue* v = req.sd.find(e.key);
     if (!v) continue;
     if (!e.sharded) {
       if (!v->is_tensor())
@@ -285,64 +300,73 @@ IncompatibleKeys load(torch::nn::Module& model, const StateDict& sd, std::option
       writes.push_back({e.tensor, [src] { return src; }});
       continue;
     }
-    const TensorLayout& layout_of_param = e.sharded->layout;
-    check_shape(api, e.key, v->sizes(), layout_of_param.global_shape());
+    const TensorLayout& layout = e.sharded->layout;
+    check_shape(api, e.key, v->sizes(), layout.global_shape());
     if (v->is_tensor()) {
-      if (expected == StateDictType::SHARDED_STATE_DICT)
+      if (req.expected == StateDictType::SHARDED_STATE_DICT)
         throw Error(api + ": '" + e.key + "' is a whole tensor but the model's state_dict_type is SHARDED_STATE_DICT, "
                     "which loads a ShardedTensor per parameter (a FULL state dict? load it under FULL_STATE_DICT)");
       at::Tensor src = v->tensor();
-      writes.push_back({e.tensor, [&layout_of_param, src] { return layout_of_param.local_of_full(src); }});
+      writes.push_back({e.tensor, [&layout, src] { return layout.local_of_full(src); }});
     } else {
-      if (expected == StateDictType::FULL_STATE_DICT)
+      if (req.expected == StateDictType::FULL_STATE_DICT)
         throw Error(api + ": '" + e.key + "' is a ShardedTensor but the model's state_dict_type is FULL_STATE_DICT, "
                     "which loads whole tensors (a SHARDED state dict? load it under SHARDED_STATE_DICT)");
       ShardedTensor st = v->sharded_tensor();
-      writes.push_back({e.tensor, [&layout_of_param, st] { return layout_of_param.local_from(st); }});
+      writes.push_back({e.tensor, [&layout, st] { return layout.local_from(st); }});
     }
   }
-  if (local) {
-    for (const auto& u : layout.units) {
-      const StateDictValue* v = sd.find(u.flat_key);
-      if (!v) continue;
-      const auto params = u.unit->sharded_parameters();
-      int64_t total = 0;
-      for (const auto& p : params) total += p.layout.numel();
-      if (!v->is_sharded())
-        throw Error(api + ": '" + u.flat_key + "' is a whole tensor; LOCAL_STATE_DICT loads a ShardedTensor per unit");
-      check_shape(api, u.flat_key, v->sizes(), {total});
-      // One source resolves the unit (redistributing at most once); the others read its result.
-      auto rows = std::make_shared<std::vector<at::Tensor>>();
-      const ShardedTensor st = v->sharded_tensor();
-      FSDPModule* unit = u.unit;
-      for (size_t i = 0; i < params.size(); ++i)
-        writes.push_back({params[i].param, [unit, st, rows, i] {
-                            if (rows->empty()) *rows = unit->local_rows_from_flat_parameter(st);
-                            return (*rows)[i];
-                          }});
-    }
+  if (!req.local()) return writes;
+  for (const auto& u : req.layout.units) {
+    const StateDictValue* v = req.sd.find(u.flat_key);
+    if (!v) continue;
+    const auto params = u.unit->sharded_parameters();
+    int64_t total = 0;
+    for (const auto& p : params) total += p.layout.numel();
+    if (!v->is_sharded())
+      throw Error(api + ": '" + u.flat_key + "' is a whole tensor; LOCAL_STATE_DICT loads a ShardedTensor per unit");
+    check_shape(api, u.flat_key, v->sizes(), {total});
+    // One source resolves the unit (redistributing at most once); the others read its result.
+    auto rows = std::make_shared<std::vector<at::Tensor>>();
+    const ShardedTensor st = v->sharded_tensor();
+    FSDPModule* unit = u.unit;
+    for (size_t i = 0; i < params.size(); ++i)
+      writes.push_back({params[i].param, [unit, st, rows, i] {
+                          if (rows->empty()) *rows = unit->local_rows_from_flat_parameter(st);
+                          return (*rows)[i];
+                        }});
   }
+  return writes;
+}
 
-  // Resolve every source (collectives, in module order on every rank), then write.
+// Resolve: every source, in module order on every rank (redistributions are collectives).
+std::vector<at::Tensor> resolve(const std::vector<Write>& writes) {
+  at::NoGradGuard no_grad;
   std::vector<at::Tensor> sources;
   sources.reserve(writes.size());
-  {
-    at::NoGradGuard no_grad;
-    for (auto& w : writes) {
-      at::Tensor s = w.src();
-      sources.push_back(std::move(s));
-    }
-  }
-  // Units gathered (the root after forward) go back to shards: the shards are what we write.
-  for (const auto& u : layout.units) u.unit->reshard();
+  for (const auto& w : writes) sources.push_back(w.src());
+  return sources;
+}
+
+// Commit: units gathered (the root after forward) go back to shards, which are what is written.
+void commit(const LoadRequest& req, const std::vector<Write>& writes, const std::vector<at::Tensor>& sources) {
+  for (const auto& u : req.layout.units) u.unit->reshard();
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < writes.size(); ++i) {
     at::Tensor dst = writes[i].dst.detach();
     if (dst.sizes() != sources[i].sizes())
-      throw Error(api + ": internal: shard of shape " + shape_string(sources[i].sizes()) + " for a tensor of shape " +
+      throw Error(req.api + ": internal: shard of shape " + shape_string(sources[i].sizes()) + " for a tensor of shape " +
                   shape_string(dst.sizes()));
     dst.copy_(sources[i]);
   }
+}
+
+IncompatibleKeys load(torch::nn::Module& model, const StateDict& sd, std::optional<StateDictType> expected, bool strict,
+                      const std::string& api) {
+  const LoadRequest req{sd, detail::collect_layout(model), expected, api};
+  IncompatibleKeys result = check_keys(req, strict);
+  const std::vector<Write> writes = plan_writes(req);
+  commit(req, writes, resolve(writes));
   return result;
 }
 

@@ -27,6 +27,7 @@
 #include <fsdpp/error.h>
 
 #include "comm/wire_bytes.h"
+#include "dist/ddp_fixtures.h"
 #include "dist/world_sizes.h"
 #include "harness/error_of.h"
 #include "harness/multi_process.h"
@@ -37,14 +38,16 @@ namespace {
 using testing::error_of;
 using testing::RankContext;
 using testing::run_ranks;
+using testing::ThreeLayers;
+using testing::WaitInBackward;
+using testing::cap_of_floats;
+using testing::kHidden;
+using testing::kIn;
+using testing::kOut;
 
 constexpr double kRtol = 1e-4;
 constexpr double kAtol = 1e-5;
 constexpr int64_t kBatch = 12;  // divisible by 1, 2, 3 and 4
-constexpr int64_t kIn = 6, kHidden = 8, kOut = 3;
-
-// bucket_cap_mb that holds exactly `floats` float32 values.
-double cap_of_floats(int64_t floats) { return static_cast<double>(floats * 4) / (1024.0 * 1024.0); }
 
 // Linear(6, 8) -> tanh -> Linear(8, 8) -> tanh -> Linear(8, 3). Parameters in registration
 // order: 0.weight (48), 0.bias (8), 2.weight (64), 2.bias (8), 4.weight (24), 4.bias (3).
@@ -468,33 +471,6 @@ TEST_P(DDP, BucketReducedCallbackMayCommunicateOnAnotherGroup) {
     EXPECT_EQ(broadcasts, 3 * 6);
   });
 }
-
-// Identity whose backward waits (up to 10 s) until `done()` says so: stands in for
-// expensive layers, long enough for a reduction to finish, without depending on timing.
-struct WaitInBackward : torch::autograd::Function<WaitInBackward> {
-  static inline std::function<bool()> done;
-  static inline std::function<void()> reached;  // called when backward gets here
-  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x.clone(); }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list g) {
-    if (reached) reached();
-    for (int i = 0; i < 1000 && done && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    return {g[0]};
-  }
-};
-
-struct ThreeLayersImpl : torch::nn::Module {
-  ThreeLayersImpl() {
-    l1 = register_module("l1", torch::nn::Linear(kIn, kHidden));
-    l2 = register_module("l2", torch::nn::Linear(kHidden, kHidden));
-    l3 = register_module("l3", torch::nn::Linear(kHidden, kOut));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = torch::tanh(l2(torch::tanh(l1(x))));
-    return l3(WaitInBackward::apply(h));  // backward: l3, the wait, then l2 and l1
-  }
-  torch::nn::Linear l1{nullptr}, l2{nullptr}, l3{nullptr};
-};
-TORCH_MODULE(ThreeLayers);
 
 // Bucket 0 (l3) is launched before the wait and completes during it; the next gradient's hook
 // sees it done and runs its callback then, before l1's gradient exists: the point ZeRO's

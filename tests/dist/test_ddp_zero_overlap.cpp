@@ -29,6 +29,7 @@
 #include <fsdpp/error.h>
 #include <fsdpp/zero_redundancy_optimizer.h>
 
+#include "dist/ddp_fixtures.h"
 #include "dist/zero_suite.h"
 #include "harness/multi_process.h"
 
@@ -41,50 +42,18 @@ using fsdpp::GradBucket;
 using fsdpp::Work;
 using fsdpp::testing::RankContext;
 using fsdpp::testing::run_ranks;
+using fsdpp::testing::ProbeAtInput;
+using fsdpp::testing::ThreeLayers;
+using fsdpp::testing::WaitInBackward;
+using fsdpp::testing::cap_of_floats;
+using fsdpp::testing::kHidden;
+using fsdpp::testing::kIn;
+using fsdpp::testing::kOut;
 
 constexpr double kRtol = 1e-6;
 constexpr double kAtol = 1e-7;
 constexpr int64_t kBatch = 12;  // divisible by 1, 2, 3 and 4
-constexpr int64_t kIn = 6, kHidden = 8, kOut = 3;
 constexpr int kSteps = 5;
-
-double cap_of_floats(int64_t floats) { return static_cast<double>(floats * 4) / (1024.0 * 1024.0); }
-
-// Identity whose backward waits (up to 10 s) until `done()` says so: long enough for bucket
-// 0's reduction to finish, so DDP sees it done at the next gradient (no timing assumption).
-struct WaitInBackward : torch::autograd::Function<WaitInBackward> {
-  static inline std::function<bool()> done;
-  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x.clone(); }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list g) {
-    for (int i = 0; i < 1000 && done && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    return {g[0]};
-  }
-};
-
-// Identity at the model input: its backward runs last, after every parameter's gradient.
-struct ProbeAtInput : torch::autograd::Function<ProbeAtInput> {
-  static inline std::function<void()> reached;
-  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x.clone(); }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list g) {
-    if (reached) reached();
-    return {g[0]};
-  }
-};
-
-struct ThreeLayersImpl : torch::nn::Module {
-  ThreeLayersImpl() {
-    l1 = register_module("l1", torch::nn::Linear(kIn, kHidden));
-    l2 = register_module("l2", torch::nn::Linear(kHidden, kHidden));
-    l3 = register_module("l3", torch::nn::Linear(kHidden, kOut));
-  }
-  // x must require grad so that the probe's backward runs.
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = torch::tanh(l2(torch::tanh(l1(ProbeAtInput::apply(x)))));
-    return l3(WaitInBackward::apply(h));  // backward: l3, the wait, l2, l1, the probe
-  }
-  torch::nn::Linear l1{nullptr}, l2{nullptr}, l3{nullptr};
-};
-TORCH_MODULE(ThreeLayers);
 
 struct Batch {
   at::Tensor x, y;

@@ -136,6 +136,28 @@ TEST_P(FullyShardAutoWrap, SizeBasedPolicyTrainParity) {
   });
 }
 
+// A custom AutoWrapPolicy as docs/api.md writes one: Linears holding at least 200 parameters
+// (only the 15x15 one of the three) become units; the others stay with the root.
+TEST_P(FullyShardAutoWrap, CustomPolicyAsDocumented) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    auto big_linears = std::make_shared<AutoWrapPolicy>();
+    big_linears->should_wrap = [](const torch::nn::Module& m, int64_t numel) {
+      return dynamic_cast<const torch::nn::LinearImpl*>(&m) != nullptr && numel >= 200;
+    };
+    torch::manual_seed(42);
+    Sequential ref = make_multi_group(false, {});
+    torch::manual_seed(42);
+    auto model = fully_shard(make_multi_group(false, {}), FullyShardOptions().auto_wrap_policy(big_linears));
+    auto units = fsdp_units(*model);
+    ASSERT_EQ(units.size(), 2u);
+    EXPECT_EQ(units[0]->sharded_parameter_names(), (std::vector<std::string>{"0.weight", "0.bias", "4.weight", "4.bias"}));
+    EXPECT_EQ(units[1]->sharded_parameter_names(), (std::vector<std::string>{"weight", "bias"}));
+    check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *model,
+                       [&](const at::Tensor& x) { return model->forward(x); }, 7, 3, ParityCase{Optim::kAdam},
+                       "custom policy");
+  });
+}
+
 // A Sequential inside a module inside a Sequential: the policy reaches the Linears at both
 // depths; the root keeps no parameters of its own.
 class MlpBlockImpl : public torch::nn::Module {
