@@ -23,6 +23,7 @@
 #include "checkpoint/format.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/tiling.h"
 
 namespace fsdpp::checkpoint {
 
@@ -103,7 +104,12 @@ Staged stage(const State& state, bool clone) {
         it.dtype = dtype_name(t.scalar_type());
         it.shape = shape;
         it.box = Box{std::move(offsets), t.sizes().vec()};
-        if (numel(it.box.sizes) == 0 && !shape.empty()) return;  // an empty shard holds nothing
+        // An empty shard holds no data, but it still tells the plan the tensor exists (a tensor
+        // whose shards are all empty is a hole, or an empty tensor saved with no chunks).
+        if (numel(it.box.sizes) == 0) {
+          s.items.push_back(std::move(it));
+          return;
+        }
         // async_save stages a copy; save may write straight from the caller's memory.
         at::Tensor cpu = t.detach().to(at::kCPU);
         it.data = clone ? cpu.clone(at::MemoryFormat::Contiguous) : cpu.contiguous();
@@ -183,7 +189,9 @@ GlobalPlan make_plan(const std::vector<std::string>& plans) {
         throw Error("checkpoint::save: tensor '" + key + "' is " + pos->second.first + " " +
                     shape_string(pos->second.second) + " on rank " + std::to_string(tensor_rank[key]) + " but " +
                     dtype + " " + shape_string(shape) + " on rank " + std::to_string(r));
-      boxes[key][{it["offsets"].get<std::vector<int64_t>>(), it["sizes"].get<std::vector<int64_t>>()}].push_back(r);
+      const auto sizes = it["sizes"].get<std::vector<int64_t>>();
+      if (numel(sizes) == 0) continue;  // nothing to write
+      boxes[key][{it["offsets"].get<std::vector<int64_t>>(), sizes}].push_back(r);
     }
   }
   for (const auto& [key, r] : value_rank)
@@ -195,31 +203,41 @@ GlobalPlan make_plan(const std::vector<std::string>& plans) {
   // bytes so far: replicated tensors spread over the ranks.
   std::vector<int64_t> load(n, 0);
   plan.writes.resize(n);
-  for (const auto& [key, by_box] : boxes) {
-    const auto& [dtype, shape] = plan.tensors[key];
-    int64_t volume = 0;
+  for (const auto& [key, tensor] : plan.tensors) {
+    const auto& [dtype, shape] = tensor;
+    const auto& by_box = boxes[key];
     std::vector<std::pair<Box, std::vector<int>>> list;
-    for (const auto& [b, ranks] : by_box) list.push_back({Box{b.first, b.second}, ranks});
-    for (size_t i = 0; i < list.size(); ++i) {
-      for (size_t j = 0; j < i; ++j) {
-        Box common;
-        if (intersect(list[i].first, list[j].first, common))
-          throw Error("checkpoint::save: shards of tensor '" + key + "' overlap: offsets " +
-                      shape_string(list[j].first.offsets) + " sizes " + shape_string(list[j].first.sizes) + " (rank(s) " +
-                      rank_list(list[j].second) + ") and offsets " + shape_string(list[i].first.offsets) + " sizes " +
-                      shape_string(list[i].first.sizes) + " (rank(s) " + rank_list(list[i].second) + ")");
-      }
-      volume += numel(list[i].first.sizes);
-      const int64_t bytes = numel(list[i].first.sizes) * element_size(dtype);
-      int writer = list[i].second.front();
-      for (int r : list[i].second)
+    std::vector<Box> distinct;
+    for (const auto& [b, ranks] : by_box) {
+      list.push_back({Box{b.first, b.second}, ranks});
+      distinct.push_back(list.back().first);
+    }
+    // The distinct shards must tile the global shape exactly (overflow-checked), as load and
+    // verify will demand.
+    const Box whole{std::vector<int64_t>(shape.size(), 0), shape};
+    const TilingProblem problem = check_tiling(whole, distinct);
+    auto shard = [&](size_t i) { return box_string(list[i].first) + " (rank(s) " + rank_list(list[i].second) + ")"; };
+    switch (problem.kind) {
+      case TilingProblem::Kind::kNone: break;
+      case TilingProblem::Kind::kOverlap:
+        throw Error("checkpoint::save: shards of tensor '" + key + "' overlap: " + shard(problem.a) + " and " +
+                    shard(problem.b));
+      case TilingProblem::Kind::kHole:
+        throw Error("checkpoint::save: the ranks' shards of tensor '" + key + "' cover " +
+                    std::to_string(problem.covered) + " of the " + std::to_string(problem.total) +
+                    " elements of its global shape " + shape_string(shape) +
+                    (problem.hole_found ? "; no rank holds " + box_string(problem.hole) : std::string()));
+      default:
+        throw Error("checkpoint::save: tensor '" + key + "': " + describe(problem, whole, shard));
+    }
+    for (const auto& [b, ranks] : list) {
+      const int64_t bytes = numel(b.sizes) * element_size(dtype);
+      int writer = ranks.front();
+      for (int r : ranks)
         if (load[r] < load[writer]) writer = r;
       load[writer] += bytes;
-      plan.writes[writer].push_back({key, list[i].first});
+      plan.writes[writer].push_back({key, b});
     }
-    if (volume != numel(shape))
-      throw Error("checkpoint::save: the ranks' shards of tensor '" + key + "' cover " + std::to_string(volume) +
-                  " of the " + std::to_string(numel(shape)) + " elements of its global shape " + shape_string(shape));
   }
   for (int r = 0; r < n; ++r) {
     std::vector<TensorSpec> specs;
@@ -309,7 +327,8 @@ std::vector<std::string> write_data(const Job& job) {
   std::vector<std::string> sums;
   if (writes.empty()) return sums;
   std::map<std::pair<std::string, std::vector<int64_t>>, const Item*> mine;
-  for (const auto& it : job.staged.items) mine[{it.key, it.box.offsets}] = &it;
+  for (const auto& it : job.staged.items)
+    if (it.data.defined()) mine[{it.key, it.box.offsets}] = &it;  // empty shards write nothing
   const std::string path = job.staging + "/" + data_file_name(r);
   File f = File::create(path);
   const auto& layout = job.plan.layouts[r];
@@ -395,7 +414,8 @@ void write_and_commit(const Job& job) {
         // Without metadata the staged files are of no use; once complete, they are kept (a
         // failed rename leaves the new checkpoint at the staging path).
         if (!written) remove_tree(job.staging);
-        outcome = "checkpoint::save to " + job.dir + " failed: " + without_prefix(e.what());
+        outcome = "checkpoint::save to " + job.dir + " failed: rank " + std::to_string(job.comm.rank) + ": " +
+                  without_prefix(e.what()) + (written ? "" : " (the previous checkpoint there, if any, is untouched)");
       }
     }
   }
