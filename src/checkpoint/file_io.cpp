@@ -49,7 +49,8 @@ File File::open_read(const std::string& path, const std::string& inside_dir) {
     throw Error(path + " is " + file_type(want.st_mode) + ", not a regular file; refusing to read it");
   if (!inside_dir.empty()) {
     const std::string root = real_path(inside_dir), target = real_path(path);
-    if (root.empty() || target.empty() || target.compare(0, root.size() + 1, root + "/") != 0)
+    const std::string prefix = root == "/" ? root : root + "/";
+    if (root.empty() || target.empty() || target.compare(0, prefix.size(), prefix) != 0)
       throw Error(path + " leads outside the checkpoint directory " + inside_dir + " (to " +
                   (target.empty() ? "an unresolvable path" : target) +
                   "); a checkpoint's files may not be links out of it, refusing to read it");

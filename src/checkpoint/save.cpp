@@ -216,6 +216,10 @@ GlobalPlan make_plan(const std::vector<std::string>& plans) {
     // verify will demand.
     const Box whole{std::vector<int64_t>(shape.size(), 0), shape};
     const TilingProblem problem = check_tiling(whole, distinct);
+    int64_t total_bytes = 0;
+    if (problem.kind != TilingProblem::Kind::kTooLarge && !checked_mul(problem.total, element_size(dtype), total_bytes))
+      throw Error("checkpoint::save: tensor '" + key + "' of global shape " + shape_string(shape) + " and dtype " +
+                  dtype + " has more bytes than a 64-bit count holds");
     auto shard = [&](size_t i) { return box_string(list[i].first) + " (rank(s) " + rank_list(list[i].second) + ")"; };
     switch (problem.kind) {
       case TilingProblem::Kind::kNone: break;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,15 @@ TEST(CheckpointTiling, SavePlanSeesTensorsWhoseShardsAreAllEmpty) {
                      "holds offsets [0, 0] sizes [5, 2]"),
               std::string::npos)
         << e;
+    // Global shapes past 64-bit counts are refused before anything is written.
+    const int64_t big = int64_t{1} << 40;
+    ckpt::State huge{{"h", ckpt::Entry::sharded(at::ones({1, 1}), {ctx.rank, 0}, {big, big})}};
+    EXPECT_NE(testing::error_of([&] { ckpt::save(huge, dir); }).find("has more elements than a 64-bit count holds"),
+              std::string::npos);
+    ckpt::State wide{{"h", ckpt::Entry::sharded(at::ones({1}), {ctx.rank}, {int64_t{1} << 62})}};
+    EXPECT_NE(testing::error_of([&] { ckpt::save(wide, dir); }).find("has more bytes than a 64-bit count holds"),
+              std::string::npos);
+    EXPECT_FALSE(std::filesystem::exists(dir));
     ckpt::State empty{{"e", at::zeros({0, 4})},
                       {"w", ckpt::Entry::sharded(at::full({ctx.rank == 0 ? 5 : 0, 2}, 1.0), {ctx.rank * 5, 0}, {5, 2})}};
     ckpt::save(empty, dir);
