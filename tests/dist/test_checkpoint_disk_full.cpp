@@ -5,9 +5,7 @@
 // (CI runs as root, so it runs there).
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <filesystem>
-#include <memory>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -29,7 +27,6 @@ using testing::error_of;
 using testing::RankContext;
 
 constexpr int64_t kFileSystemBytes = 1 << 20;
-constexpr const char* kRootVariable = "FSDPP_TEST_SMALL_FS";
 
 // The checkpoint already at the path: w [8, 4], rows 0-3 all 1 (rank 0), rows 4-7 all 2 (rank 1).
 ckpt::State previous(int rank, double scale = 1) {
@@ -59,7 +56,7 @@ void expect_recovered(const RankContext& ctx, const std::string& root, const std
   if (ctx.rank == 0) {
     for (const auto& d : fs::directory_iterator(root))
       EXPECT_EQ(d.path().filename().string(), "ckpt") << "left behind: " << d.path();
-    EXPECT_GT(testing::SmallFileSystem::free_bytes(root), testing::SmallFileSystem::total_bytes(root) - (64 << 10))
+    EXPECT_GT(testing::free_bytes(root), testing::total_bytes(root) - (64 << 10))
         << "the failed save's space was not given back";
     EXPECT_TRUE(ckpt::verify(dir).empty());
   }
@@ -73,45 +70,36 @@ void expect_recovered(const RankContext& ctx, const std::string& root, const std
   EXPECT_TRUE(at::equal(w, previous_w(3)));
 }
 
-// The file system for the ranks, mounted by the parent; in a rank process, nothing to do.
-struct DiskFullSetup {
-  std::unique_ptr<testing::SmallFileSystem> fs;
-  testing::RunOptions options;
-  std::string skip;
-};
-DiskFullSetup small_file_system() {
-  DiskFullSetup s;
-  if (testing::in_rank_process()) return s;
-  s.fs = std::make_unique<testing::SmallFileSystem>(kFileSystemBytes);
-  if (!s.fs->ok()) s.skip = s.fs->skip_reason();
-  s.options.env.push_back(std::string(kRootVariable) + "=" + s.fs->path());
-  return s;
-}
-
 TEST(CheckpointDiskFull, SaveRunsOutOfSpaceMidFile) {
-  DiskFullSetup setup = small_file_system();
-  if (!setup.skip.empty()) GTEST_SKIP() << setup.skip;
+  if (!testing::on_small_file_system()) {
+    const std::string why = testing::rerun_on_small_file_system(kFileSystemBytes);
+    if (!why.empty()) GTEST_SKIP() << why;
+    return;
+  }
   testing::run_ranks(2, [](RankContext& ctx) {
-    const std::string root = std::getenv(kRootVariable), dir = root + "/ckpt";
+    const std::string root = testing::small_file_system_root(), dir = root + "/ckpt";
     ckpt::save(previous(ctx.rank), dir);
     const std::string e = error_of([&] { ckpt::save(too_big(ctx.rank), dir); });
     expect_disk_full_error(e, dir);
     expect_recovered(ctx, root, dir);
-  }, setup.options);
+  });
 }
 
 TEST(CheckpointDiskFull, AsyncSaveReportsItFromWait) {
-  DiskFullSetup setup = small_file_system();
-  if (!setup.skip.empty()) GTEST_SKIP() << setup.skip;
+  if (!testing::on_small_file_system()) {
+    const std::string why = testing::rerun_on_small_file_system(kFileSystemBytes);
+    if (!why.empty()) GTEST_SKIP() << why;
+    return;
+  }
   testing::run_ranks(2, [](RankContext& ctx) {
-    const std::string root = std::getenv(kRootVariable), dir = root + "/ckpt";
+    const std::string root = testing::small_file_system_root(), dir = root + "/ckpt";
     ckpt::save(previous(ctx.rank), dir);
     ckpt::SaveHandle handle = ckpt::async_save(too_big(ctx.rank), dir);
     const std::string e = error_of([&] { handle.wait(); });
     EXPECT_TRUE(handle.done());
     expect_disk_full_error(e, dir);
     expect_recovered(ctx, root, dir);
-  }, setup.options);
+  });
 }
 
 }  // namespace
