@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -15,13 +16,54 @@ namespace fsdpp::checkpoint::detail {
 
 namespace {
 std::string errno_text() { return std::strerror(errno); }
+
+const char* file_type(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// realpath(3), or "" when it fails.
+std::string real_path(const std::string& path) {
+  char* p = ::realpath(path.c_str(), nullptr);
+  if (!p) return "";
+  std::string out(p);
+  std::free(p);
+  return out;
+}
 }  // namespace
 
-File File::open_read(const std::string& path) {
+File File::open_read(const std::string& path, const std::string& inside_dir) {
+  // An O_PATH descriptor neither blocks (a FIFO with no writer would, forever) nor opens a
+  // device; what it names is checked before the file is opened for reading.
+  File probe;
+  probe.path_ = path;
+  probe.fd_ = ::open(path.c_str(), O_PATH | O_CLOEXEC);
+  if (probe.fd_ < 0) throw Error("cannot open " + path + ": " + errno_text());
+  struct stat want {};
+  if (::fstat(probe.fd_, &want) != 0) throw Error("cannot stat " + path + ": " + errno_text());
+  if (!S_ISREG(want.st_mode))
+    throw Error(path + " is " + file_type(want.st_mode) + ", not a regular file; refusing to read it");
+  if (!inside_dir.empty()) {
+    const std::string root = real_path(inside_dir), target = real_path(path);
+    const std::string prefix = root == "/" ? root : root + "/";
+    if (root.empty() || target.empty() || target.compare(0, prefix.size(), prefix) != 0)
+      throw Error(path + " leads outside the checkpoint directory " + inside_dir + " (to " +
+                  (target.empty() ? "an unresolvable path" : target) +
+                  "); a checkpoint's files may not be links out of it, refusing to read it");
+  }
   File f;
   f.path_ = path;
-  f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  f.fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (f.fd_ < 0) throw Error("cannot open " + path + ": " + errno_text());
+  struct stat got {};
+  if (::fstat(f.fd_, &got) != 0) throw Error("cannot stat " + path + ": " + errno_text());
+  if (got.st_dev != want.st_dev || got.st_ino != want.st_ino)
+    throw Error(path + " changed while it was being opened; refusing to read it");
+  ::fcntl(f.fd_, F_SETFL, ::fcntl(f.fd_, F_GETFL) & ~O_NONBLOCK);
   return f;
 }
 
@@ -106,8 +148,8 @@ void write_file_atomically(const std::string& dir, const std::string& name, cons
   fsync_dir(dir);
 }
 
-std::string read_text_file(const std::string& path) {
-  File f = File::open_read(path);
+std::string read_text_file(const std::string& path, const std::string& inside_dir) {
+  File f = File::open_read(path, inside_dir);
   std::string text(static_cast<size_t>(f.size()), '\0');
   f.pread_exact(text.data(), static_cast<int64_t>(text.size()), 0, "the whole file");
   return text;

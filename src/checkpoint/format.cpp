@@ -57,6 +57,18 @@ int64_t numel(const std::vector<int64_t>& sizes) {
   return n;
 }
 
+bool checked_mul(int64_t a, int64_t b, int64_t& out) { return !__builtin_mul_overflow(a, b, &out); }
+
+bool checked_add(int64_t a, int64_t b, int64_t& out) { return !__builtin_add_overflow(a, b, &out); }
+
+bool checked_numel(const std::vector<int64_t>& sizes, int64_t& out) {
+  int64_t n = 1;
+  for (int64_t s : sizes)
+    if (s < 0 || !checked_mul(n, s, n)) return false;
+  out = n;
+  return true;
+}
+
 std::string xxh3_hex(const void* data, size_t size) {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(XXH3_64bits(data, size)));

@@ -25,7 +25,13 @@ at::ScalarType dtype_from_name(const std::string& name, const std::string& conte
 int64_t element_size(const std::string& dtype_name);
 
 using fsdpp::detail::shape_string;
+// For sizes already checked (see checked_numel); wraps on overflow.
 int64_t numel(const std::vector<int64_t>& sizes);
+// Overflow-checked arithmetic for sizes read from disk: false when a size is negative or the
+// result does not fit in int64 (a [2^40, 2^40] shape must not wrap to 0 elements).
+bool checked_numel(const std::vector<int64_t>& sizes, int64_t& out);
+bool checked_mul(int64_t a, int64_t b, int64_t& out);
+bool checked_add(int64_t a, int64_t b, int64_t& out);
 
 // XXH3_64bits as 16 lowercase hex digits.
 std::string xxh3_hex(const void* data, size_t size);

@@ -10,6 +10,7 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/format.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/tiling.h"
 
 namespace fsdpp::checkpoint {
 
@@ -65,7 +66,7 @@ std::vector<std::string> verify(const std::string& dir) {
   for (const auto& name : m.files) {
     const std::string path = dir + "/" + name;
     try {
-      File f = File::open_read(path);
+      File f = File::open_read(path, dir);
       if (f.size() != m.file_sizes.at(name))
         problems.push_back(path + ": " + std::to_string(f.size()) + " bytes but the metadata records " +
                            std::to_string(m.file_sizes.at(name)) +
@@ -86,22 +87,19 @@ std::vector<std::string> verify(const std::string& dir) {
         problems.push_back(dir + "/" + c.file + ": tensor '" + key + "' (chunk '" + c.name +
                            "'): the file's safetensors header does not match the metadata");
     }
-    // Reads and checks every chunk of the entry.
+    // The chunks must tile the tensor; each is then read and checked on its own.
+    const std::string tiling = chunk_tiling_problem(e);
+    if (!tiling.empty()) problems.push_back(dir + ": tensor '" + key + "' is not tiled exactly by its chunks: " + tiling);
     EntryInfo one = e;
     for (const auto& c : e.chunks) {
       if (!headers.count(c.file)) continue;
       one.chunks = {c};
       try {
-        ChunkReader(dir, /*verify=*/true).read(key, one, Box{c.offsets, c.sizes});
+        ChunkReader(dir, /*verify=*/true, /*confine=*/true).read(key, one, Box{c.offsets, c.sizes});
       } catch (const Error& err) {
         problems.push_back(std::string(err.what()).substr(7));
       }
     }
-    int64_t covered = 0;
-    for (const auto& c : e.chunks) covered += numel(c.sizes);
-    if (covered != numel(e.shape))
-      problems.push_back(dir + ": tensor '" + key + "': chunks hold " + std::to_string(covered) + " of " +
-                         std::to_string(numel(e.shape)) + " elements");
   }
   return problems;
 }
@@ -122,7 +120,7 @@ void consolidate(const std::string& dir, const std::string& safetensors_file) {
   try {
     File f = File::create(tmp);
     f.write_all(layout.prefix.data(), static_cast<int64_t>(layout.prefix.size()), "the header");
-    ChunkReader reader(dir, /*verify=*/true);
+    ChunkReader reader(dir, /*verify=*/true, /*confine=*/true);
     for (const auto& s : specs) {
       const at::Tensor t = reader.read(s.name, m.entries.at(s.name), Box{std::vector<int64_t>(s.shape.size(), 0), s.shape});
       f.write_all(t.data_ptr(), static_cast<int64_t>(t.nbytes()), "tensor '" + s.name + "'");

@@ -10,6 +10,7 @@
 #include "checkpoint/chunk_reader.h"
 #include "checkpoint/format.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/tiling.h"
 
 namespace fsdpp::checkpoint {
 
@@ -31,9 +32,11 @@ std::string describe(const std::string& dtype, const std::vector<int64_t>& shape
   return dtype + " " + shape_string(shape);
 }
 
-// Reads every entry of `state` from `m` (chunks relative to `dir`) and then assigns them.
-void load_from(State& state, const Metadata& m, const std::string& dir, const std::string& what, bool verify) {
-  ChunkReader reader(dir, verify);
+// Reads every entry of `state` from `m` (chunks relative to `dir`, inside it with `confine`)
+// and then assigns them.
+void load_from(State& state, const Metadata& m, const std::string& dir, const std::string& what, bool verify,
+               bool confine) {
+  ChunkReader reader(dir, verify, confine);
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // destination, what was read
   std::vector<std::pair<std::string, Entry>> values;
   for (const auto& [key, dest] : state) {
@@ -62,6 +65,10 @@ void load_from(State& state, const Metadata& m, const std::string& dir, const st
     if (dest_dtype != info.dtype || dest.global_shape() != info.shape)
       throw Error(what + ": tensor '" + key + "' is " + describe(info.dtype, info.shape) + " there but " +
                   describe(dest_dtype, dest.global_shape()) + " in the state to load");
+    // The whole tensor, not just the rows this rank reads: a checkpoint whose chunks overlap or
+    // leave a hole anywhere is corrupt (its rows cannot be trusted), and every rank says so.
+    const std::string tiling = chunk_tiling_problem(info);
+    if (!tiling.empty()) throw Error(what + ": tensor '" + key + "' is not tiled exactly by its chunks: " + tiling);
     if (dest.kind() == Entry::Kind::kTensor) {
       const at::Tensor& t = dest.tensor();
       copies.emplace_back(t, reader.read(key, info, Box{std::vector<int64_t>(t.dim(), 0), t.sizes().vec()}));
@@ -83,7 +90,7 @@ void load_from(State& state, const Metadata& m, const std::string& dir, const st
 
 void load(State& state, const std::string& dir, const LoadOptions& options) {
   const Metadata m = read_metadata(dir);
-  load_from(state, m, dir, "checkpoint " + dir, options.verify_);
+  load_from(state, m, dir, "checkpoint " + dir, options.verify_, /*confine=*/true);
 }
 
 void load_safetensors(State& state, const std::string& file) {
@@ -111,7 +118,7 @@ void load_safetensors(State& state, const std::string& file) {
   for (const auto& [key, dest] : state)
     if (!dest.is_tensor()) throw Error(file + ": entry '" + key + "' is a " + to_string(dest.kind()) +
                                        " but a safetensors file holds only tensors");
-  load_from(state, m, dir, file, /*verify=*/false);
+  load_from(state, m, dir, file, /*verify=*/false, /*confine=*/false);
 }
 
 std::map<std::string, at::Tensor> load_safetensors(const std::string& file) {

@@ -37,6 +37,60 @@ double double_from_json(const json& j) {
   return j.get<double>();
 }
 
+// A JSON integer that fits int64. A float ("step": 1e40) or an integer past int64 is refused:
+// nlohmann's get<int64_t> would cast it, and the cast turns 1e40 into INT64_MIN.
+int64_t int64_of(const json& j, const std::string& name) {
+  const bool fits = j.is_number_integer() &&
+                    (!j.is_number_unsigned() || j.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX));
+  if (!fits) throw Error("\"" + name + "\" is " + j.dump() + ", not a 64-bit integer");
+  return j.get<int64_t>();
+}
+
+std::vector<int64_t> int64_list(const json& j, const std::string& name) {
+  if (!j.is_array()) throw Error("\"" + name + "\" is " + j.dump() + ", not a list of integers");
+  std::vector<int64_t> out;
+  for (const auto& x : j) out.push_back(int64_of(x, name));
+  return out;
+}
+
+int int_of(const json& j, const std::string& name, int lowest) {
+  const int64_t v = int64_of(j, name);
+  if (v < lowest || v > std::numeric_limits<int>::max())
+    throw Error("\"" + name + "\" is " + std::to_string(v) + ", out of range");
+  return static_cast<int>(v);
+}
+
+// A chunk as the metadata records it, checked against its tensor (overflow-checked: the sizes
+// come from the file). Whether the chunks tile the tensor is load's and verify's check.
+ChunkInfo chunk_of(const json& jc, const EntryInfo& e, const Metadata& m) {
+  ChunkInfo c;
+  c.offsets = int64_list(jc.at("offsets"), "offsets");
+  c.sizes = int64_list(jc.at("sizes"), "sizes");
+  c.file = jc.at("file").get<std::string>();
+  c.name = jc.at("name").get<std::string>();
+  const auto range = int64_list(jc.at("byte_range"), "byte_range");
+  if (range.size() != 2) throw Error("byte_range must have two numbers");
+  c.begin = range[0];
+  c.end = range[1];
+  c.xxh3_64 = jc.value("xxh3_64", "");
+  if (c.offsets.size() != e.shape.size() || c.sizes.size() != e.shape.size())
+    throw Error("a chunk's offsets/sizes do not match the shape " + shape_string(e.shape));
+  for (size_t d = 0; d < e.shape.size(); ++d)
+    if (c.offsets[d] < 0 || c.sizes[d] < 0 || c.offsets[d] > e.shape[d] || c.sizes[d] > e.shape[d] - c.offsets[d])
+      throw Error("chunk at offsets " + shape_string(c.offsets) + " sizes " + shape_string(c.sizes) +
+                  " lies outside the shape " + shape_string(e.shape));
+  // Inside a shape whose byte count fits int64 (checked by the caller), so this cannot wrap.
+  const int64_t bytes = numel(c.sizes) * element_size(e.dtype);
+  if (c.begin < 0 || c.end < c.begin || c.end - c.begin != bytes)
+    throw Error("chunk " + c.name + ": byte_range does not match its sizes and dtype");
+  auto size = m.file_sizes.find(c.file);
+  if (size == m.file_sizes.end()) throw Error("chunk " + c.name + " names unknown file '" + c.file + "'");
+  if (c.end > size->second)
+    throw Error("chunk " + c.name + ": byte_range ends at " + std::to_string(c.end) + ", past the " +
+                std::to_string(size->second) + " bytes recorded for " + c.file);
+  return c;
+}
+
 }  // namespace
 
 std::string metadata_to_json(const Metadata& m) {
@@ -83,18 +137,19 @@ Metadata metadata_from_json(const std::string& text, const std::string& where) {
     const json j = json::parse(text);
     if (!j.is_object() || j.value("format", "") != kFormatName)
       throw Error("its \"format\" is not \"" + std::string(kFormatName) + "\"");
-    const int version = j.at("version").get<int>();
+    const int version = int_of(j.at("version"), "version", 0);
     if (version != kFormatVersion)
       throw Error("format version " + std::to_string(version) + " is not supported (this fsdpp reads version " +
                   std::to_string(kFormatVersion) + ")");
     Metadata m;
-    m.world_size = j.at("world_size").get<int>();
+    m.world_size = int_of(j.at("world_size"), "world_size", 1);
     for (const auto& f : j.at("files")) {
       const auto name = f.at("name").get<std::string>();
       if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
         throw Error("file name '" + name + "' is not a plain file name");
       m.files.push_back(name);
-      m.file_sizes[name] = f.at("size").get<int64_t>();
+      m.file_sizes[name] = int64_of(f.at("size"), "size");
+      if (m.file_sizes[name] < 0) throw Error("file '" + name + "' has a negative size");
     }
     for (auto it = j.at("entries").begin(); it != j.at("entries").end(); ++it) {
       key = it.key();
@@ -105,32 +160,15 @@ Metadata metadata_from_json(const std::string& text, const std::string& where) {
         e.kind = Entry::Kind::kTensor;
         e.dtype = je.at("dtype").get<std::string>();
         dtype_from_name(e.dtype, "dtype");
-        e.shape = je.at("shape").get<std::vector<int64_t>>();
-        for (const auto& jc : je.at("chunks")) {
-          ChunkInfo c;
-          c.offsets = jc.at("offsets").get<std::vector<int64_t>>();
-          c.sizes = jc.at("sizes").get<std::vector<int64_t>>();
-          c.file = jc.at("file").get<std::string>();
-          c.name = jc.at("name").get<std::string>();
-          const auto range = jc.at("byte_range").get<std::vector<int64_t>>();
-          if (range.size() != 2) throw Error("byte_range must have two numbers");
-          c.begin = range[0];
-          c.end = range[1];
-          c.xxh3_64 = jc.value("xxh3_64", "");
-          if (c.offsets.size() != e.shape.size() || c.sizes.size() != e.shape.size())
-            throw Error("a chunk's offsets/sizes do not match the shape " + shape_string(e.shape));
-          for (size_t d = 0; d < e.shape.size(); ++d)
-            if (c.offsets[d] < 0 || c.sizes[d] < 0 || c.offsets[d] + c.sizes[d] > e.shape[d])
-              throw Error("chunk at offsets " + shape_string(c.offsets) + " sizes " + shape_string(c.sizes) +
-                          " lies outside the shape " + shape_string(e.shape));
-          if (c.end - c.begin != numel(c.sizes) * element_size(e.dtype) || c.begin < 0)
-            throw Error("chunk " + c.name + ": byte_range does not match its sizes and dtype");
-          if (!m.file_sizes.count(c.file)) throw Error("chunk " + c.name + " names unknown file '" + c.file + "'");
-          e.chunks.push_back(std::move(c));
-        }
+        e.shape = int64_list(je.at("shape"), "shape");
+        int64_t elements = 0, bytes = 0;
+        if (!checked_numel(e.shape, elements) || !checked_mul(elements, element_size(e.dtype), bytes))
+          throw Error("shape " + shape_string(e.shape) + " of " + e.dtype +
+                      " is not a tensor size (a negative size, or more bytes than a 64-bit count holds)");
+        for (const auto& jc : je.at("chunks")) e.chunks.push_back(chunk_of(jc, e, m));
       } else if (type == "int64") {
         e.kind = Entry::Kind::kInt;
-        e.value = Entry(je.at("value").get<int64_t>());
+        e.value = Entry(int64_of(je.at("value"), "value"));
       } else if (type == "double") {
         e.kind = Entry::Kind::kDouble;
         e.value = Entry(double_from_json(je.at("value")));
@@ -184,7 +222,7 @@ Metadata read_metadata(const std::string& dir) {
   const std::string why = detail::why_not_a_checkpoint(dir);
   if (!why.empty()) throw Error(why);
   const std::string path = dir + "/" + detail::kMetadataFile;
-  return detail::metadata_from_json(detail::read_text_file(path), path);
+  return detail::metadata_from_json(detail::read_text_file(path, dir), path);
 }
 
 }  // namespace fsdpp::checkpoint

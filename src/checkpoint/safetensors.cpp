@@ -84,14 +84,18 @@ SafetensorsHeader read_safetensors_header(const File& file) {
       rec.shape = it->at("shape").get<std::vector<int64_t>>();
       auto offsets = it->at("data_offsets").get<std::vector<int64_t>>();
       if (offsets.size() != 2) throw Error(what + ": data_offsets must have two numbers");
+      if (offsets[0] < 0 || offsets[1] < offsets[0] || !checked_add(start, offsets[1], rec.end))
+        throw Error(what + ": data_offsets [" + std::to_string(offsets[0]) + ", " + std::to_string(offsets[1]) +
+                    "] are not a byte range");
       rec.begin = start + offsets[0];
-      rec.end = start + offsets[1];
     } catch (const json::exception& e) {
       throw Error(what + " has a malformed header entry: " + e.what());
     }
-    for (int64_t s : rec.shape)
-      if (s < 0) throw Error(what + " has a negative size in shape " + shape_string(rec.shape));
-    const int64_t bytes = numel(rec.shape) * element_size(rec.dtype);
+    // Overflow-checked: a [2^40, 2^40] shape must not wrap to 0 bytes.
+    int64_t elements = 0, bytes = 0;
+    if (!checked_numel(rec.shape, elements) || !checked_mul(elements, element_size(rec.dtype), bytes))
+      throw Error(what + " has shape " + shape_string(rec.shape) +
+                  ": a negative size, or more bytes than a 64-bit count holds");
     if (rec.end - rec.begin != bytes || rec.begin < start)
       throw Error(what + ": data_offsets span " + std::to_string(rec.end - rec.begin) + " bytes but " + rec.dtype +
                   " " + shape_string(rec.shape) + " needs " + std::to_string(bytes));

@@ -1,6 +1,6 @@
-// Collective save: agree on a plan (who writes which chunk, where), write one safetensors file
-// per rank into DIR.tmp-<id>, gather checksums, then rank 0 writes the metadata last and
-// atomically and moves the directory into place.
+// Collective save: agree on a plan (save_plan: who writes which chunk, where), write one
+// safetensors file per rank into DIR.tmp-<id>, gather checksums, then rank 0 writes the
+// metadata last and atomically and moves the directory into place.
 #include <fcntl.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -23,6 +23,7 @@
 #include "checkpoint/format.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/save_plan.h"
 
 namespace fsdpp::checkpoint {
 
@@ -72,163 +73,6 @@ struct Comm {
     if (!alone) broadcast_bytes(bytes, group.global_rank(0), group);
   }
 };
-
-// An Error's message without its "fsdpp: ", to be wrapped in another Error.
-std::string without_prefix(const std::string& what) {
-  return what.rfind("fsdpp: ", 0) == 0 ? what.substr(7) : what;
-}
-
-// One piece this rank saves: a whole tensor (offsets 0) or a shard.
-struct Item {
-  std::string key, dtype;
-  std::vector<int64_t> shape;
-  Box box;
-  at::Tensor data;  // contiguous, on the CPU
-};
-
-struct Staged {
-  std::vector<Item> items;
-  std::map<std::string, Entry> values;
-  std::string error;  // a bad entry on this rank; reported collectively
-};
-
-Staged stage(const State& state, bool clone) {
-  Staged s;
-  try {
-    for (const auto& [key, e] : state) {
-      if (key.empty()) throw Error("checkpoint::save: an entry has an empty key");
-      auto add = [&, key = key](const at::Tensor& t, std::vector<int64_t> offsets, const std::vector<int64_t>& shape) {
-        Item it;
-        it.key = key;
-        it.dtype = dtype_name(t.scalar_type());
-        it.shape = shape;
-        it.box = Box{std::move(offsets), t.sizes().vec()};
-        if (numel(it.box.sizes) == 0 && !shape.empty()) return;  // an empty shard holds nothing
-        // async_save stages a copy; save may write straight from the caller's memory.
-        at::Tensor cpu = t.detach().to(at::kCPU);
-        it.data = clone ? cpu.clone(at::MemoryFormat::Contiguous) : cpu.contiguous();
-        s.items.push_back(std::move(it));
-      };
-      switch (e.kind()) {
-        case Entry::Kind::kTensor:
-          add(e.tensor(), std::vector<int64_t>(e.tensor().dim(), 0), e.global_shape());
-          break;
-        case Entry::Kind::kSharded:
-          for (const auto& sh : e.shards()) add(sh.tensor, sh.offsets, e.global_shape());
-          break;
-        default:
-          s.values.emplace(key, e);
-      }
-    }
-  } catch (const std::exception& e) {
-    s.error = e.what();
-  }
-  return s;
-}
-
-std::string plan_of(const Staged& s) {
-  json j;
-  j["error"] = s.error;
-  j["items"] = json::array();
-  for (const auto& it : s.items)
-    j["items"].push_back({{"key", it.key}, {"dtype", it.dtype}, {"shape", it.shape},
-                          {"offsets", it.box.offsets}, {"sizes", it.box.sizes}});
-  j["values"] = json::array();
-  for (const auto& [key, e] : s.values) j["values"].push_back(key);
-  return j.dump();
-}
-
-struct PlannedChunk {
-  std::string key;
-  Box box;
-};
-
-// The same on every rank: computed from every rank's plan.
-struct GlobalPlan {
-  std::map<std::string, std::pair<std::string, std::vector<int64_t>>> tensors;  // dtype, shape
-  std::vector<std::vector<PlannedChunk>> writes;                                 // per rank
-  std::vector<SafetensorsLayout> layouts;
-};
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
-}
-
-GlobalPlan make_plan(const std::vector<std::string>& plans) {
-  const int n = static_cast<int>(plans.size());
-  std::vector<json> js;
-  for (const auto& p : plans) js.push_back(json::parse(p));
-  std::string errors;
-  for (int r = 0; r < n; ++r) {
-    const std::string e = without_prefix(js[r]["error"].get<std::string>());
-    if (!e.empty()) errors += (errors.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + e;
-  }
-  if (!errors.empty()) throw Error("checkpoint::save: " + errors);
-
-  GlobalPlan plan;
-  std::map<std::string, int> tensor_rank, value_rank;  // first rank that has the key, per kind
-  // key -> (offsets, sizes) -> ranks holding that box
-  std::map<std::string, std::map<std::pair<std::vector<int64_t>, std::vector<int64_t>>, std::vector<int>>> boxes;
-  for (int r = 0; r < n; ++r) {
-    for (const auto& key : js[r]["values"]) value_rank.emplace(key.get<std::string>(), r);
-    for (const auto& it : js[r]["items"]) {
-      const auto key = it["key"].get<std::string>();
-      const auto dtype = it["dtype"].get<std::string>();
-      const auto shape = it["shape"].get<std::vector<int64_t>>();
-      auto [pos, fresh] = plan.tensors.emplace(key, std::make_pair(dtype, shape));
-      tensor_rank.emplace(key, r);
-      if (!fresh && pos->second != std::make_pair(dtype, shape))
-        throw Error("checkpoint::save: tensor '" + key + "' is " + pos->second.first + " " +
-                    shape_string(pos->second.second) + " on rank " + std::to_string(tensor_rank[key]) + " but " +
-                    dtype + " " + shape_string(shape) + " on rank " + std::to_string(r));
-      boxes[key][{it["offsets"].get<std::vector<int64_t>>(), it["sizes"].get<std::vector<int64_t>>()}].push_back(r);
-    }
-  }
-  for (const auto& [key, r] : value_rank)
-    if (tensor_rank.count(key))
-      throw Error("checkpoint::save: '" + key + "' is a plain value on rank " + std::to_string(r) +
-                  " but a tensor on rank " + std::to_string(tensor_rank[key]));
-
-  // Each distinct box is written once (replicas deduplicated), by the holder with the fewest
-  // bytes so far: replicated tensors spread over the ranks.
-  std::vector<int64_t> load(n, 0);
-  plan.writes.resize(n);
-  for (const auto& [key, by_box] : boxes) {
-    const auto& [dtype, shape] = plan.tensors[key];
-    int64_t volume = 0;
-    std::vector<std::pair<Box, std::vector<int>>> list;
-    for (const auto& [b, ranks] : by_box) list.push_back({Box{b.first, b.second}, ranks});
-    for (size_t i = 0; i < list.size(); ++i) {
-      for (size_t j = 0; j < i; ++j) {
-        Box common;
-        if (intersect(list[i].first, list[j].first, common))
-          throw Error("checkpoint::save: shards of tensor '" + key + "' overlap: offsets " +
-                      shape_string(list[j].first.offsets) + " sizes " + shape_string(list[j].first.sizes) + " (rank(s) " +
-                      rank_list(list[j].second) + ") and offsets " + shape_string(list[i].first.offsets) + " sizes " +
-                      shape_string(list[i].first.sizes) + " (rank(s) " + rank_list(list[i].second) + ")");
-      }
-      volume += numel(list[i].first.sizes);
-      const int64_t bytes = numel(list[i].first.sizes) * element_size(dtype);
-      int writer = list[i].second.front();
-      for (int r : list[i].second)
-        if (load[r] < load[writer]) writer = r;
-      load[writer] += bytes;
-      plan.writes[writer].push_back({key, list[i].first});
-    }
-    if (volume != numel(shape))
-      throw Error("checkpoint::save: the ranks' shards of tensor '" + key + "' cover " + std::to_string(volume) +
-                  " of the " + std::to_string(numel(shape)) + " elements of its global shape " + shape_string(shape));
-  }
-  for (int r = 0; r < n; ++r) {
-    std::vector<TensorSpec> specs;
-    for (const auto& c : plan.writes[r])
-      specs.push_back({chunk_name(c.key, c.box.offsets), plan.tensors[c.key].first, c.box.sizes});
-    plan.layouts.push_back(layout_safetensors(specs, {{"format", "pt"}, {"fsdpp.rank", std::to_string(r)}}));
-  }
-  return plan;
-}
 
 // Test hook: after every data file is durable and before the metadata is written, group rank
 // 0 creates the file this variable names and sleeps, so a test can kill it right there.
@@ -309,7 +153,8 @@ std::vector<std::string> write_data(const Job& job) {
   std::vector<std::string> sums;
   if (writes.empty()) return sums;
   std::map<std::pair<std::string, std::vector<int64_t>>, const Item*> mine;
-  for (const auto& it : job.staged.items) mine[{it.key, it.box.offsets}] = &it;
+  for (const auto& it : job.staged.items)
+    if (it.data.defined()) mine[{it.key, it.box.offsets}] = &it;  // empty shards write nothing
   const std::string path = job.staging + "/" + data_file_name(r);
   File f = File::create(path);
   const auto& layout = job.plan.layouts[r];
@@ -395,7 +240,8 @@ void write_and_commit(const Job& job) {
         // Without metadata the staged files are of no use; once complete, they are kept (a
         // failed rename leaves the new checkpoint at the staging path).
         if (!written) remove_tree(job.staging);
-        outcome = "checkpoint::save to " + job.dir + " failed: " + without_prefix(e.what());
+        outcome = "checkpoint::save to " + job.dir + " failed: rank " + std::to_string(job.comm.rank) + ": " +
+                  without_prefix(e.what()) + (written ? "" : " (the previous checkpoint there, if any, is untouched)");
       }
     }
   }

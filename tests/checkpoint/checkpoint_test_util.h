@@ -1,14 +1,18 @@
 #pragma once
 // Helpers of the Checkpoint and Safetensors tests: the stdlib-only Python reader, the fsdpp-ckpt
-// tool next to the test binary, raw bytes of tensors.
+// tool next to the test binary, raw bytes of tensors, hand edits of a checkpoint's metadata.
 #include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
 #include <string>
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 namespace fsdpp::testing {
 
@@ -48,6 +52,25 @@ inline std::string python_tool() {
 inline std::string ckpt_tool() {
   return (std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() / "tools" / "fsdpp-ckpt")
       .string();
+}
+
+// Rewrites dir/metadata.json after `edit` changed its JSON (a hand-made corrupt checkpoint).
+inline void edit_metadata(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
+  const std::string path = dir + "/metadata.json";
+  std::ifstream in(path);
+  nlohmann::json j = nlohmann::json::parse(std::string((std::istreambuf_iterator<char>(in)), {}));
+  edit(j);
+  std::ofstream(path, std::ios::trunc) << j.dump(1);
+}
+
+// Replaces dir/metadata.json with `text` verbatim (for numbers nlohmann would not write).
+inline void write_metadata_text(const std::string& dir, const std::string& text) {
+  std::ofstream(dir + "/metadata.json", std::ios::trunc) << text;
+}
+
+inline std::string read_metadata_text(const std::string& dir) {
+  std::ifstream in(dir + "/metadata.json");
+  return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
 }  // namespace fsdpp::testing
