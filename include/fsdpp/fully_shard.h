@@ -36,6 +36,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <fsdpp/device_mesh.h>
+#include <fsdpp/mixed_precision_policy.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/reshard_policy.h>
 #include <fsdpp/sharded_tensor.h>
@@ -74,10 +75,18 @@ struct FullyShardOptions {
     return *this;
   }
 
+  // Computes in, communicates in and returns the dtypes the policy names
+  // (<fsdpp/mixed_precision_policy.h>); the sharded parameters keep theirs.
+  FullyShardOptions& mp_policy(MixedPrecisionPolicy v) {
+    mp_policy_ = std::move(v);
+    return *this;
+  }
+
   ProcessGroup process_group_;
   DeviceMesh mesh_;
   ReshardPolicy reshard_after_forward_;
   std::shared_ptr<const AutoWrapPolicy> auto_wrap_policy_;
+  MixedPrecisionPolicy mp_policy_;
 };
 
 namespace detail {

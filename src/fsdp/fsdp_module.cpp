@@ -26,6 +26,11 @@ ProcessGroup shard_group_of(const FullyShardOptions& options, const std::string&
   return default_group();
 }
 
+// A floating-point tensor in `dtype` (mixed precision's input and output casts); others as they are.
+void cast_floating(at::Tensor& t, at::ScalarType dtype) {
+  if (t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != dtype) t = t.to(dtype);
+}
+
 }  // namespace
 
 FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOptions options)
@@ -38,9 +43,10 @@ FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOpti
   const std::string unit = module_->name();
   ProcessGroup group = shard_group_of(options_, unit);
   options_.reshard_after_forward_.check(group.size(), unit, group.name());
+  options_.mp_policy_.check(unit);
   // Parameters owned by inner units stay theirs.
   state_ = std::make_shared<detail::FSDPState>(unit, detail::unwrapped_parameters(*module_), std::move(group),
-                                               options_.reshard_after_forward_);
+                                               options_.reshard_after_forward_, options_.mp_policy_);
   state_->register_self();
 }
 
@@ -55,6 +61,9 @@ void FSDPModule::forward_steps(const std::vector<at::Tensor*>& inputs,
     state_->lazy_init_as_root(inner);
   }
   state_->pre_forward();
+  const MixedPrecisionPolicy& mp = options_.mp_policy_;
+  if (mp.cast_forward_inputs_ && mp.param_dtype_)
+    for (at::Tensor* t : inputs) cast_floating(*t, *mp.param_dtype_);
   const bool grad = torch::autograd::GradMode::is_enabled();
   auto needs_grad = [](const at::Tensor* t) { return t->defined() && t->requires_grad(); };
   if (grad)
@@ -62,9 +71,10 @@ void FSDPModule::forward_steps(const std::vector<at::Tensor*>& inputs,
       if (needs_grad(t)) *t = state_->attach_post_backward(*t);
   std::vector<at::Tensor*> outputs = invoke();
   state_->post_forward();
-  if (grad)
-    for (at::Tensor* t : outputs)
-      if (needs_grad(t)) *t = state_->attach_pre_backward(*t);
+  for (at::Tensor* t : outputs) {
+    if (grad && needs_grad(t)) *t = state_->attach_pre_backward(*t);
+    if (mp.output_dtype_) cast_floating(*t, *mp.output_dtype_);
+  }
 }
 
 UnshardHandle FSDPModule::unshard(bool async_op) {
@@ -180,7 +190,8 @@ FullParamsGuard::FullParamsGuard(torch::nn::Module& module, bool writeback) : wr
         throw Error("summon_full_params: FSDP unit " + f->state_->name() + " is in forward or backward");
       states_.push_back(f->state_);
     }
-  for (auto& s : states_) s->param_group()->unshard();  // all gathers in flight, then wait
+  // All gathers in flight, then wait; in the parameters' own dtype, as FSDP1 summons them.
+  for (auto& s : states_) s->param_group()->unshard(detail::UnshardFor::kFullPrecision);
   for (auto& s : states_) s->param_group()->wait_for_unshard();
 }
 

@@ -16,8 +16,13 @@
 namespace fsdpp::detail {
 
 FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
-                               std::string unit_name, ReshardPolicy reshard_after_forward)
-    : unit_name_(std::move(unit_name)), process_group_(std::move(group)), reshard_policy_(reshard_after_forward) {
+                               std::string unit_name, ReshardPolicy reshard_after_forward,
+                               const MixedPrecisionPolicy& mp_policy)
+    : unit_name_(std::move(unit_name)),
+      process_group_(std::move(group)),
+      param_dtype_(mp_policy.param_dtype_),
+      reduce_dtype_(mp_policy.reduce_dtype_),
+      reshard_policy_(reshard_after_forward) {
   if (!process_group_.is_member()) throw Error("fully_shard of " + unit_name_ + ": this rank is not a member of group " + process_group_.name());
   rank_ = process_group_.rank();
   world_size_ = process_group_.size();
@@ -70,7 +75,7 @@ void FSDPParamGroup::check_same_on_all_ranks() {
 
 void FSDPParamGroup::bind_flat_buffers(const at::TensorOptions& options, bool initial) {
   sharded_flat_ = at::zeros({flat_.shard_numel()}, options);
-  unsharded_flat_ = at::empty({flat_.unsharded_numel()}, options);
+  unsharded_flat_ = at::empty({flat_.unsharded_numel()}, compute_options());
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
     at::Tensor chunk = sharded_flat_.narrow(0, flat_.shard_offset(i), p.padded_chunk_numel());
@@ -78,9 +83,22 @@ void FSDPParamGroup::bind_flat_buffers(const at::TensorOptions& options, bool in
       p.init_sharded(chunk);
     else
       p.rebind_sharded(chunk);
-    p.init_unsharded(unsharded_flat_.narrow(0, flat_.unsharded_offset(i), p.padded_chunk_numel() * world_size_));
   }
+  bind_unsharded(unsharded_flat_);
   free_unsharded();
+}
+
+void FSDPParamGroup::bind_unsharded(const at::Tensor& flat) {
+  for (size_t i = 0; i < params_.size(); ++i)
+    params_[i].init_unsharded(flat.narrow(0, flat_.unsharded_offset(i), params_[i].padded_chunk_numel() * world_size_));
+}
+
+at::TensorOptions FSDPParamGroup::compute_options() const {
+  return sharded_flat_.options().dtype(param_dtype_.value_or(sharded_flat_.scalar_type()));
+}
+
+at::TensorOptions FSDPParamGroup::reduce_options() const {
+  return sharded_flat_.options().dtype(reduce_dtype_.value_or(compute_options().dtype().toScalarType()));
 }
 
 void FSDPParamGroup::handle_dtype_change() {
@@ -97,7 +115,7 @@ void FSDPParamGroup::handle_dtype_change() {
     throw Error("FSDP unit " + unit_name_ + ": parameters were cast while a collective was in flight");
   bind_flat_buffers(sharded_flat_.options().dtype(dtype), /*initial=*/false);
   for (auto& g : accumulated_grads_)
-    if (g.defined()) g = g.to(dtype);
+    if (g.defined()) g = g.to(reduce_options().dtype());
 }
 
 void FSDPParamGroup::allocate_unsharded() {
@@ -120,11 +138,11 @@ void release_storage(const at::Tensor& t) {
 
 void FSDPParamGroup::free_unsharded() { release_storage(unsharded_flat_); }
 
-void FSDPParamGroup::unshard(bool use_post_forward_shard) {
+void FSDPParamGroup::unshard(UnshardFor purpose) {
   if (unsharded_ || all_gather_output_.defined()) return;
   // A reduce-scatter left in flight by a backward that was not the last one.
   finalize_backward();
-  if (!use_post_forward_shard) drop_post_forward_shard();
+  if (purpose != UnshardFor::kBackward) drop_post_forward_shard();
   testing_delay(testing_delays().before_all_gather_ms);
   if (post_forward_shard_.defined()) {
     all_gather_output_ = at::empty({flat_.unsharded_numel()}, post_forward_shard_.options());
@@ -135,8 +153,13 @@ void FSDPParamGroup::unshard(bool use_post_forward_shard) {
   // Optimizer steps write into the shards in place; a user's set_data is folded back here.
   handle_dtype_change();
   for (auto& p : params_) p.check_sharded_data();
-  all_gather_output_ = at::empty({flat_.unsharded_numel()}, sharded_flat_.options());
-  all_gather_work_ = all_gather_into_tensor(all_gather_output_, sharded_flat_, process_group_, /*async_op=*/true);
+  // Mixed precision: the all-gather moves the compute dtype, cast from the shards (FSDP2's
+  // all-gather input); the cast lives until the collective finished with it.
+  const at::ScalarType dtype = compute_options().dtype().toScalarType();
+  gathering_full_precision_ = purpose == UnshardFor::kFullPrecision && dtype != sharded_flat_.scalar_type();
+  const at::Tensor input = gathering_full_precision_ ? sharded_flat_ : sharded_flat_.to(dtype);
+  all_gather_output_ = at::empty({flat_.unsharded_numel()}, input.options());
+  all_gather_work_ = all_gather_into_tensor(all_gather_output_, input, process_group_, /*async_op=*/true);
 }
 
 void FSDPParamGroup::drop_post_forward_shard() {
@@ -166,7 +189,7 @@ void FSDPParamGroup::reshard_after_forward() {
   const int64_t per_member = world_size_ / post_forward_size_;
   const int64_t first = post_forward_group_.rank() * per_member;
   at::NoGradGuard no_grad;
-  at::Tensor kept = post_forward_shard(params_, flat_, first, per_member, sharded_flat_.options());
+  at::Tensor kept = post_forward_shard(params_, flat_, first, per_member, unsharded_flat_.options());
   reshard();
   post_forward_shard_ = std::move(kept);
 }
@@ -178,8 +201,14 @@ void FSDPParamGroup::wait_for_unshard() {
   all_gather_output_ = at::Tensor();
   all_gather_work_.wait();
   at::NoGradGuard no_grad;
-  allocate_unsharded();
-  copy_out(params_, flat_, output, unsharded_flat_);
+  if (gathering_full_precision_) {
+    gathering_full_precision_ = false;
+    full_precision_flat_ = at::empty_like(output);
+    bind_unsharded(full_precision_flat_);
+  } else {
+    allocate_unsharded();
+  }
+  copy_out(params_, flat_, output, full_precision_flat_.defined() ? full_precision_flat_ : unsharded_flat_);
   release_storage(output);
   drop_post_forward_shard();
   for (auto& p : params_) p.to_unsharded();
@@ -261,18 +290,21 @@ void FSDPParamGroup::drop_pending_unshard() {
   all_gather_work_.wait();
   release_storage(all_gather_output_);
   all_gather_output_ = at::Tensor();
+  gathering_full_precision_ = false;
 }
 
 void FSDPParamGroup::reshard() {
-  if (all_gather_output_.defined()) {
-    // A gather nobody waited for: finish it so the group stays in step, then drop it.
-    all_gather_work_.wait();
-    release_storage(all_gather_output_);
-    all_gather_output_ = at::Tensor();
-  }
+  // A gather nobody waited for: finish it so the group stays in step, then drop it.
+  drop_pending_unshard();
   drop_post_forward_shard();
   if (!unsharded_) return;
   for (auto& p : params_) p.to_sharded();
+  if (full_precision_flat_.defined()) {
+    // Views of the compute buffer again (only a buffer with storage can be viewed).
+    allocate_unsharded();
+    bind_unsharded(unsharded_flat_);
+    full_precision_flat_ = at::Tensor();
+  }
   free_unsharded();
   unsharded_ = false;
 }
@@ -295,12 +327,14 @@ bool FSDPParamGroup::post_backward() {
   at::NoGradGuard no_grad;
   if (accumulated_grads_.empty()) accumulated_grads_.resize(params_.size());
   if (!requires_gradient_sync_) {
+    // Summed in the reduce dtype (float32 under a bfloat16 compute policy loses nothing more
+    // per microbatch).
     for (size_t i = 0; i < params_.size(); ++i) {
       if (!had_grad_[i]) continue;
       if (accumulated_grads_[i].defined())
         accumulated_grads_[i].add_(grads[i]);
       else
-        accumulated_grads_[i] = grads[i];
+        accumulated_grads_[i] = grads[i].to(reduce_options().dtype());
     }
     if (reshard_after_backward_) reshard();
     return false;
@@ -316,9 +350,9 @@ bool FSDPParamGroup::post_backward() {
     reshard();
     return false;
   }
-  reduce_scatter_input_ = reduce_scatter_input(params_, flat_, grads, sharded_flat_.options());
+  reduce_scatter_input_ = reduce_scatter_input(params_, flat_, grads, reduce_options());
   reshard();
-  reduce_scatter_output_ = at::empty({flat_.shard_numel()}, sharded_flat_.options());
+  reduce_scatter_output_ = at::empty({flat_.shard_numel()}, reduce_options());
   testing_delay(testing_delays().before_reduce_scatter_ms);
   reduce_scatter_work_ = reduce_scatter_tensor(reduce_scatter_output_, reduce_scatter_input_, ReduceOp::AVG, process_group_,
                                                /*async_op=*/true);
@@ -342,8 +376,9 @@ void FSDPParamGroup::finalize_backward() {
     if (grad.defined() && grad.sizes() == shard.sizes()) {
       grad.add_(shard);
     } else {
-      // Its own storage: optimizers' zero_grad() detaches `.grad` in place, which a view forbids.
-      grad = shard.clone();
+      // Its own storage (optimizers' zero_grad() detaches `.grad` in place, which a view
+      // forbids), in the sharded parameter's dtype.
+      grad = shard.to(sharded_flat_.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
     }
   }
   release_storage(output);

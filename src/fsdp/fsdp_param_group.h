@@ -7,11 +7,13 @@
 // (the storage shrinks to 0 bytes) and unsharding reallocates it, so views that autograd
 // saved during forward see the regathered values in backward.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 
+#include <fsdpp/mixed_precision_policy.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/reshard_policy.h>
 #include <fsdpp/sharded_tensor.h>
@@ -22,11 +24,15 @@
 
 namespace fsdpp::detail {
 
+// What an all-gather is for: forward, backward (which may gather from the k-way post-forward
+// shard), or summon_full_params (the parameters' own dtype, whatever the mixed-precision policy).
+enum class UnshardFor { kForward, kBackward, kFullPrecision };
+
 class FSDPParamGroup {
  public:
-  // The policy is checked against the group by the caller.
+  // The policies are checked by the caller.
   FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group, std::string unit_name,
-                 ReshardPolicy reshard_after_forward = {});
+                 ReshardPolicy reshard_after_forward = {}, const MixedPrecisionPolicy& mp_policy = {});
   ~FSDPParamGroup();
   FSDPParamGroup(const FSDPParamGroup&) = delete;
   FSDPParamGroup& operator=(const FSDPParamGroup&) = delete;
@@ -35,10 +41,10 @@ class FSDPParamGroup {
   const ProcessGroup& process_group() const { return process_group_; }
   int64_t unsharded_numel() const { return flat_.unsharded_numel(); }
 
-  // Starts the all-gather (asynchronously) unless unsharded or already started. With
-  // use_post_forward_shard it gathers from the k-way post-forward shard when one is kept
-  // (backward); otherwise that shard is dropped and the gather uses the true shards.
-  void unshard(bool use_post_forward_shard = false);
+  // Starts the all-gather (asynchronously) unless unsharded or already started. For backward
+  // it gathers from the k-way post-forward shard when one is kept; otherwise that shard is
+  // dropped and the gather uses the true shards.
+  void unshard(UnshardFor purpose = UnshardFor::kForward);
   // Waits for the all-gather and makes the parameters views into the unsharded buffer.
   void wait_for_unshard();
   bool is_unsharded() const { return unsharded_; }
@@ -89,6 +95,12 @@ class FSDPParamGroup {
   // New flat sharded and unsharded buffers with `options`, the parameters bound to them
   // (initial: their current full values are sharded; else their shards move over).
   void bind_flat_buffers(const at::TensorOptions& options, bool initial);
+  // Points the parameters' unsharded views into `flat` (the unsharded flat layout).
+  void bind_unsharded(const at::Tensor& flat);
+  // The dtypes of the unsharded parameters and of the reduce-scatter (the sharded parameters'
+  // dtype unless the mixed-precision policy names another).
+  at::TensorOptions compute_options() const;
+  at::TensorOptions reduce_options() const;
   std::vector<ShardMetadata> flat_shards_metadata() const;
   void allocate_unsharded();
   void free_unsharded();
@@ -101,8 +113,13 @@ class FSDPParamGroup {
   std::vector<FSDPParam> params_;
   UnitFlatLayout flat_;
   at::Tensor sharded_flat_;
-  at::Tensor unsharded_flat_;
+  at::Tensor unsharded_flat_;  // in the compute dtype
   bool unsharded_ = false;
+  std::optional<at::ScalarType> param_dtype_, reduce_dtype_;
+  // summon_full_params under mixed precision: the gather is in the sharded dtype and the
+  // parameters view this buffer until reshard.
+  bool gathering_full_precision_ = false;
+  at::Tensor full_precision_flat_;
 
   ReshardPolicy reshard_policy_;
   int post_forward_size_ = 0;  // k of the post-forward shard, 0 when none is kept

@@ -62,7 +62,7 @@ int64_t FSDPState::next_id() {
 }
 
 FSDPState::FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
-                     ReshardPolicy reshard_after_forward)
+                     ReshardPolicy reshard_after_forward, const MixedPrecisionPolicy& mp_policy)
     : id_(next_id()), name_(std::move(name)), process_group_(std::move(group)) {
   auto& r = registry();
   {
@@ -75,7 +75,7 @@ FSDPState::FSDPState(std::string name, std::vector<std::pair<std::string, at::Te
     }
   }
   if (!params.empty()) {
-    param_group_.emplace(params, process_group_, name_, reshard_after_forward);
+    param_group_.emplace(params, process_group_, name_, reshard_after_forward, mp_policy);
   }
   std::lock_guard<std::mutex> lock(r.mutex);
   for (auto& [fqn, p] : params) r.sharded[p.unsafeGetTensorImpl()] = name_;
@@ -182,13 +182,13 @@ void FSDPState::pre_backward() {
   if (ran_pre_backward_) return;
   ran_pre_backward_ = true;
   training_state_ = TrainingState::kPreBackward;
-  if (param_group_) param_group_->unshard(/*use_post_forward_shard=*/true);
+  if (param_group_) param_group_->unshard(UnshardFor::kBackward);
   if (has_explicit_backward_prefetch_) {
     for (auto& w : explicit_backward_prefetch_)
       if (auto target = w.lock())
-        if (target->param_group_ && !target->ran_post_backward_) target->param_group_->unshard(true);
+        if (target->param_group_ && !target->ran_post_backward_) target->param_group_->unshard(UnshardFor::kBackward);
   } else if (auto previous = backward_prefetch_.lock()) {
-    if (previous->param_group_ && !previous->ran_post_backward_) previous->param_group_->unshard(true);
+    if (previous->param_group_ && !previous->ran_post_backward_) previous->param_group_->unshard(UnshardFor::kBackward);
   }
   if (param_group_) param_group_->wait_for_unshard();
 }

@@ -46,13 +46,11 @@ inline std::vector<FSDPModule*> fsdp_units(torch::nn::Module& model) {
   return units;
 }
 
-// Gathers every unit, copies the full parameters, and reshards.
+// Copies of the full parameters, in their own dtype (summon_full_params, without writeback).
 inline std::vector<at::Tensor> full_params(torch::nn::Module& model) {
-  auto units = fsdp_units(model);
-  for (auto* u : units) u->unshard();
+  auto full = summon_full_params(model, /*writeback=*/false);
   std::vector<at::Tensor> out;
   for (const auto& p : model.parameters()) out.push_back(p.detach().clone());
-  for (auto* u : units) u->reshard();
   return out;
 }
 
