@@ -18,10 +18,12 @@
 
 #include <fsdpp/fsdpp.h>
 
+#include "step_timer.h"
 #include "transformer.h"
 
 namespace {
 
+using fsdpp::bench::median_step;
 using fsdpp::examples::language_model_loss;
 using fsdpp::examples::Transformer;
 using fsdpp::examples::TransformerArgs;
@@ -33,25 +35,6 @@ int64_t state_bytes(const std::vector<at::Tensor>& params) {
   int64_t bytes = 0;
   for (const auto& p : params) bytes += 4 * p.numel() * p.element_size();  // param, grad, exp_avg, exp_avg_sq
   return bytes;
-}
-
-// Median seconds of `step` over `steps` runs after `warmup`, ranks started together.
-double median_step(const std::function<void()>& step, int warmup, int steps, const fsdpp::ProcessGroup* group) {
-  std::vector<double> times;
-  for (int i = 0; i < warmup + steps; ++i) {
-    if (group) fsdpp::barrier(*group);
-    auto start = std::chrono::steady_clock::now();
-    step();
-    if (i >= warmup) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::sort(times.begin(), times.end());
-  double median = times[times.size() / 2];
-  if (group) {  // the slowest rank's median
-    at::Tensor t = torch::tensor({median}, torch::kDouble);
-    fsdpp::all_reduce(t, fsdpp::ReduceOp::MAX, *group);
-    median = t.item<double>();
-  }
-  return median;
 }
 
 }  // namespace

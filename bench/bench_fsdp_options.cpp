@@ -1,0 +1,115 @@
+// FSDP's training options on bench_fsdp's transformer, each against plain float32 FSDP in the
+// same run (rounds alternate the variants, so a noisy machine shifts them alike):
+//  - mixed precision (bf16 compute with float32 or bf16 reduction): all-gather and
+//    reduce-scatter bytes per step (CommDebugMode), median step time, peak tensor memory of a
+//    step above what is held between steps.
+//   fsdpp-run --nproc-per-node 2 bench_fsdp_options --layers 4 --dim 256
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <fsdpp/fsdpp.h>
+
+#include "step_timer.h"
+#include "transformer.h"
+
+namespace {
+
+using fsdpp::examples::language_model_loss;
+using fsdpp::examples::Transformer;
+using fsdpp::examples::TransformerArgs;
+using fsdpp::examples::TransformerBlockImpl;
+
+double mib(double bytes) { return bytes / (1 << 20); }
+
+struct Variant {
+  std::string name;
+  fsdpp::FullyShardOptions options;
+};
+
+struct Result {
+  double all_gather_bytes = 0, reduce_scatter_bytes = 0, transient_peak = 0;
+  std::vector<double> times;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fsdpp FSDP options (mixed precision) vs float32 FSDP: wire bytes, memory, step time"};
+  TransformerArgs args;
+  args.n_layers = 4;
+  args.dim = 256;
+  args.vocab_size = 1024;
+  args.max_seq_len = 32;
+  args.n_heads = 4;
+  int64_t local_batch = 2;
+  int steps = 10, warmup = 3, rounds = 3;
+  app.add_option("--layers", args.n_layers);
+  app.add_option("--dim", args.dim);
+  app.add_option("--local-batch", local_batch);
+  app.add_option("--steps", steps);
+  app.add_option("--rounds", rounds);
+  CLI11_PARSE(app, argc, argv);
+  torch::set_num_threads(1);
+
+  auto world = fsdpp::init_process_group(fsdpp::InitProcessGroupOptions().check_collectives(false));
+  const int rank = world.rank(), n = world.size();
+  torch::manual_seed(rank);
+  at::Tensor tokens = torch::randint(args.vocab_size, {local_batch, args.max_seq_len}, torch::kLong);
+  at::Tensor targets = torch::randint(args.vocab_size, {local_batch, args.max_seq_len}, torch::kLong);
+
+  const auto blocks = fsdpp::FullyShardOptions().auto_wrap_policy(fsdpp::ModuleWrapPolicy<TransformerBlockImpl>());
+  auto with_mp = [&](at::ScalarType reduce) {
+    return fsdpp::FullyShardOptions(blocks).mp_policy(
+        fsdpp::MixedPrecisionPolicy().param_dtype(at::kBFloat16).reduce_dtype(reduce));
+  };
+  const std::vector<Variant> variants{{"fp32", blocks},
+                                      {"bf16 compute, fp32 reduce", with_mp(at::kFloat)},
+                                      {"bf16 compute, bf16 reduce", with_mp(at::kBFloat16)}};
+  std::vector<Result> results(variants.size());
+  for (int round = 0; round < rounds; ++round)
+    for (size_t v = 0; v < variants.size(); ++v) {
+      torch::manual_seed(0);
+      auto model = fsdpp::fully_shard(Transformer(args), variants[v].options);
+      torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-4));
+      auto step = [&] {
+        opt.zero_grad();
+        language_model_loss(model->forward(tokens).to(at::kFloat), targets).backward();
+        opt.step();
+      };
+      step();  // Adam state exists from here on
+      Result& r = results[v];
+      if (round == 0) {
+        fsdpp::reset_peak_memory_stats();
+        const int64_t base = fsdpp::memory_stats().current_bytes;
+        fsdpp::CommDebugMode comm;
+        step();
+        r.transient_peak = fsdpp::memory_stats().peak_bytes - base;
+        r.all_gather_bytes = comm.bytes_sent("all_gather_into_tensor");
+        r.reduce_scatter_bytes = comm.bytes_sent("reduce_scatter_tensor");
+      }
+      r.times.push_back(fsdpp::bench::median_step(step, warmup, steps, &world));
+    }
+  if (rank == 0) {
+    std::printf("transformer: %lld layers, dim %lld; N = %d, local batch %lld x %lld; %d rounds\n",
+                static_cast<long long>(args.n_layers), static_cast<long long>(args.dim), n,
+                static_cast<long long>(local_batch), static_cast<long long>(args.max_seq_len), rounds);
+    const Result& base = results[0];
+    for (size_t v = 0; v < variants.size(); ++v) {
+      const Result& r = results[v];
+      std::printf("%-28s all-gather %.3f MiB (%.3fx), reduce-scatter %.3f MiB (%.3fx), step peak above held %.3f MiB (%.3fx)\n",
+                  variants[v].name.c_str(), mib(r.all_gather_bytes), r.all_gather_bytes / base.all_gather_bytes,
+                  mib(r.reduce_scatter_bytes), r.reduce_scatter_bytes / base.reduce_scatter_bytes, mib(r.transient_peak),
+                  r.transient_peak / base.transient_peak);
+      std::printf("%-28s step ms per round:", "");
+      for (size_t i = 0; i < r.times.size(); ++i)
+        std::printf(" %.2f (%.3fx)", r.times[i] * 1e3, r.times[i] / base.times[i]);
+      std::printf("\n");
+    }
+  }
+  fsdpp::destroy_process_group();
+  return 0;
+}
