@@ -82,11 +82,27 @@ struct FullyShardOptions {
     return *this;
   }
 
+  // Parameters FSDP leaves alone (FSDP2's ignored_params): whole on every rank, never gathered,
+  // and their gradients not reduced (the caller synchronizes them if it wants to). Each must be
+  // a parameter of the wrapped module.
+  FullyShardOptions& ignored_params(std::vector<at::Tensor> v) {
+    ignored_params_ = std::move(v);
+    return *this;
+  }
+  // FSDP1's ignored_modules: every parameter of these submodules (or of the wrapped module
+  // itself) is ignored as above, and an auto-wrap policy makes no unit of them.
+  FullyShardOptions& ignored_modules(std::vector<std::shared_ptr<torch::nn::Module>> v) {
+    ignored_modules_ = std::move(v);
+    return *this;
+  }
+
   ProcessGroup process_group_;
   DeviceMesh mesh_;
   ReshardPolicy reshard_after_forward_;
   std::shared_ptr<const AutoWrapPolicy> auto_wrap_policy_;
   MixedPrecisionPolicy mp_policy_;
+  std::vector<at::Tensor> ignored_params_;
+  std::vector<std::shared_ptr<torch::nn::Module>> ignored_modules_;
 };
 
 namespace detail {

@@ -6,6 +6,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include "fsdp/any_module_unit.h"
+#include "fsdp/ignored_params.h"
 
 namespace fsdpp {
 namespace detail {
@@ -29,8 +30,9 @@ int64_t unwrapped_numel(const torch::nn::Module& module) {
   return n;
 }
 
-bool selected(const std::shared_ptr<torch::nn::Module>& m, const AutoWrapPolicy& policy) {
-  return !dynamic_cast<FSDPModule*>(m.get()) && policy.should_wrap(*m, unwrapped_numel(*m));
+bool selected(const std::shared_ptr<torch::nn::Module>& m, const AutoWrapPolicy& policy, const FullyShardOptions& options) {
+  return !dynamic_cast<FSDPModule*>(m.get()) && !is_ignored_module(options, *m) &&
+         policy.should_wrap(*m, unwrapped_numel(*m));
 }
 
 // The name `parent` registered `child` under.
@@ -51,18 +53,19 @@ void apply_auto_wrap_policy(torch::nn::Module& module, const AutoWrapPolicy& pol
   if (auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(&module)) {
     for (auto& element : *sequential) {
       auto original = element.ptr();
-      if (!selected(original, policy)) continue;
+      if (!selected(original, policy, options)) continue;
+      const FullyShardOptions within = options_within(unit_options, *original);
       torch::nn::AnyModule unit;
-      if (policy.make_unit) unit = policy.make_unit(original, unit_options);
-      if (unit.is_empty()) unit = torch::nn::AnyModule(std::make_shared<AnyModuleUnitImpl>(element, unit_options));
+      if (policy.make_unit) unit = policy.make_unit(original, within);
+      if (unit.is_empty()) unit = torch::nn::AnyModule(std::make_shared<AnyModuleUnitImpl>(element, within));
       module.replace_module(child_name(module, original.get()), unit.ptr());
       element = std::move(unit);
     }
   } else if (auto* list = dynamic_cast<torch::nn::ModuleListImpl*>(&module)) {
     if (!policy.make_unit) return;  // its callers name the element's type: only a typed unit fits
     for (auto& element : *list) {
-      if (!selected(element, policy)) continue;
-      torch::nn::AnyModule unit = policy.make_unit(element, unit_options);
+      if (!selected(element, policy, options)) continue;
+      torch::nn::AnyModule unit = policy.make_unit(element, options_within(unit_options, *element));
       if (unit.is_empty()) continue;
       module.replace_module(child_name(module, element.get()), unit.ptr());
       element = unit.ptr();

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <fsdpp/error.h>
@@ -6,6 +8,7 @@
 
 #include "fsdp/auto_wrap.h"
 #include "fsdp/fsdp_state.h"
+#include "fsdp/ignored_params.h"
 
 namespace fsdpp {
 
@@ -39,14 +42,20 @@ FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOpti
   if (dynamic_cast<FSDPModule*>(module_.get()))
     throw Error("FullyShardedDataParallel: " + module_->name() + " is already a FullyShardedDataParallel");
   register_module("_fsdp_wrapped_module", module_);
-  if (options_.auto_wrap_policy_) detail::apply_auto_wrap_policy(*module_, *options_.auto_wrap_policy_, options_);
+  // Every option is checked before anything in the module changes.
   const std::string unit = module_->name();
   ProcessGroup group = shard_group_of(options_, unit);
   options_.reshard_after_forward_.check(group.size(), unit, group.name());
   options_.mp_policy_.check(unit);
-  // Parameters owned by inner units stay theirs.
-  state_ = std::make_shared<detail::FSDPState>(unit, detail::unwrapped_parameters(*module_), std::move(group),
-                                               options_.reshard_after_forward_, options_.mp_policy_);
+  const auto ignored = detail::ignored_parameters(*module_, options_, unit);
+  if (options_.auto_wrap_policy_) detail::apply_auto_wrap_policy(*module_, *options_.auto_wrap_policy_, options_);
+  // Parameters owned by inner units stay theirs; ignored ones stay the module's.
+  auto params = detail::unwrapped_parameters(*module_);
+  params.erase(std::remove_if(params.begin(), params.end(),
+                              [&](const auto& p) { return ignored.count(p.second.unsafeGetTensorImpl()) > 0; }),
+               params.end());
+  state_ = std::make_shared<detail::FSDPState>(unit, std::move(params), std::move(group), options_.reshard_after_forward_,
+                                               options_.mp_policy_);
   state_->register_self();
 }
 

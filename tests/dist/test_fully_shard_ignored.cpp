@@ -1,0 +1,211 @@
+// Ignored parameters and modules (FSDP2's ignored_params, FSDP1's ignored_modules): they stay
+// whole and un-synchronized, state dicts hold them under their plain names (seed 000's
+// test_state_dict_with_ignored_modules, seed 002's test_state_dict_save_load_flow with
+// ignore_modules), auto-wrap makes no unit of them, and misuse is refused.
+#include <fsdpp/error.h>
+#include <fsdpp/state_dict.h>
+#include <fsdpp/wrap_policy.h>
+
+#include "dist/fsdp_test_util.h"
+#include "transformer.h"
+
+namespace fsdpp {
+namespace {
+
+// Seed 000's Model: inner = Linear(4, 4) run twice, outer = Linear(4, 5), each with a buffer;
+// the inner Linear may be a unit of its own (ignoring itself: a unit that shards nothing).
+struct SeedModelImpl : torch::nn::Module {
+  SeedModelImpl(bool wrap_inner, bool ignore_inner, FullyShardOptions options) {
+    Linear inner_linear(4, 4);
+    inner_linear->register_buffer("buffer", torch::randn({5, 5}));
+    if (wrap_inner) {
+      if (ignore_inner) options.ignored_modules({inner_linear.ptr()});
+      inner_unit = register_module("inner", FSDPLinear(inner_linear, options));
+    } else {
+      inner = register_module("inner", inner_linear);
+    }
+    outer = register_module("outer", Linear(4, 5));
+    outer->register_buffer("buffer", torch::randn({5, 5}));
+  }
+  at::Tensor run_inner(const at::Tensor& x) { return inner_unit ? inner_unit(x) : inner(x); }
+  at::Tensor forward(at::Tensor x) { return outer(run_inner(x) + run_inner(x)); }
+
+  Linear inner{nullptr}, outer{nullptr};
+  FSDPLinear inner_unit{nullptr};
+};
+TORCH_MODULE(SeedModel);
+
+// A state dict with every ShardedTensor replaced by its full value (PyTorch's _gather_state_dict).
+StateDict gathered(const StateDict& sd) {
+  StateDict out;
+  for (const auto& [key, value] : sd)
+    out.insert(key, value.is_sharded() ? value.sharded_tensor().full_tensor() : value.tensor());
+  return out;
+}
+
+class FullyShardIgnored : public testing::WorldSizeTest {};
+
+TEST_P(FullyShardIgnored, test_state_dict_with_ignored_modules) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size, rank = ctx.rank;
+    for (bool ignore_inner : {false, true})
+      for (bool mixed_precision : {false, true})
+        for (StateDictType type : {StateDictType::FULL_STATE_DICT, StateDictType::SHARDED_STATE_DICT}) {
+          const std::string where = std::string("ignore_inner ") + (ignore_inner ? "T" : "F") + ", mixed precision " +
+                                    (mixed_precision ? "T, " : "F, ") + to_string(type);
+          FullyShardOptions mp;
+          if (mixed_precision) mp.mp_policy(MixedPrecisionPolicy().param_dtype(at::kBFloat16));
+          torch::manual_seed(0);
+          SeedModel plain(false, false, FullyShardOptions());
+          torch::manual_seed(0);
+          SeedModel model(true, ignore_inner, mp);
+          FullyShardedDataParallel<SeedModelImpl> fsdp(model, FullyShardOptions(mp).ignored_modules({model->outer.ptr()}));
+
+          // Ignored parameters stay whole; the others are shards.
+          auto inner_weight = model->inner_unit->module()->weight;
+          EXPECT_TRUE(at::equal(model->outer->weight, plain->outer->weight)) << where;
+          EXPECT_TRUE(at::equal(inner_weight, ignore_inner ? plain->inner->weight : shard_rows(plain->inner->weight, rank, n)))
+              << where;
+
+          auto scope = state_dict_type(*fsdp, type);
+          StateDict sd = state_dict(*fsdp);
+          StateDict plain_sd = state_dict(*plain);
+          ASSERT_EQ(sd.keys(), plain_sd.keys()) << where;
+          for (const auto& [key, value] : sd) {
+            const bool ignored = key.rfind("outer.", 0) == 0 || (ignore_inner && key.rfind("inner.", 0) == 0);
+            const bool buffer = key.find("buffer") != std::string::npos;
+            EXPECT_EQ(value.dtype(), at::kFloat) << where << " " << key;
+            if (ignored || buffer || type == StateDictType::FULL_STATE_DICT)
+              EXPECT_TRUE(value.is_tensor()) << where << " " << key << ": ignored and full entries are whole";
+            else
+              EXPECT_TRUE(value.is_sharded()) << where << " " << key;
+          }
+          // A plain model loads it (seed: load into the non-wrapped model, strict).
+          StateDict full = gathered(sd);
+          torch::manual_seed(5);
+          SeedModel fresh(false, false, FullyShardOptions());
+          load_state_dict(*fresh, full);
+          for (const auto& key : plain_sd.keys())
+            EXPECT_TRUE(at::equal(state_dict(*fresh).at(key).tensor(), plain_sd.at(key).tensor())) << where << " " << key;
+          if (::testing::Test::HasFailure()) return;
+
+          if (mixed_precision) continue;  // the ignored float32 outer cannot take the bf16 inner's output
+          // Ignored parameters are not synchronized: their gradient is this rank's own, bitwise
+          // what the plain model computes on this rank's slice.
+          const int64_t local = kGlobalBatch / n;
+          torch::manual_seed(99);
+          at::Tensor x = torch::randn({kGlobalBatch, 4}).narrow(0, rank * local, local);
+          fsdp->forward(x).pow(2).sum().backward();
+          plain->forward(x).pow(2).sum().backward();
+          EXPECT_TRUE(at::equal(model->outer->weight.grad(), plain->outer->weight.grad())) << where;
+          EXPECT_TRUE(at::equal(model->outer->bias.grad(), plain->outer->bias.grad())) << where;
+          if (ignore_inner) {
+            EXPECT_TRUE(at::equal(inner_weight.grad(), plain->inner->weight.grad())) << where;
+          }
+        }
+  });
+}
+
+// Seed 002's test_state_dict_save_load_flow with ignore_modules T/F and FULL / SHARDED: the
+// transformer wrapped by block (ModuleWrapPolicy) with its position embedding and final norm
+// ignored saves a dict equal to the plain model's, and a zeroed model wrapped the same way
+// loads it back to the saved model's values.
+TEST_P(FullyShardIgnored, test_state_dict_save_load_flow) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    using examples::Transformer;
+    using examples::TransformerBlockImpl;
+    examples::TransformerArgs args;
+    auto wrap = [&](Transformer model, bool ignore) {
+      auto options = FullyShardOptions().auto_wrap_policy(ModuleWrapPolicy<TransformerBlockImpl>());
+      if (ignore) options.ignored_modules({model->pos_embeddings.ptr(), model->norm.ptr()});
+      return fully_shard(model, options);
+    };
+    for (bool ignore : {false, true})
+      for (StateDictType type : {StateDictType::FULL_STATE_DICT, StateDictType::SHARDED_STATE_DICT}) {
+        const std::string where = std::string("ignore_modules ") + (ignore ? "T, " : "F, ") + to_string(type);
+        torch::manual_seed(0);
+        Transformer plain(args);
+        torch::manual_seed(0);
+        Transformer saved_plain(args);
+        auto saved = wrap(saved_plain, ignore);
+        EXPECT_EQ(saved_plain->pos_embeddings->weight.sizes() == plain->pos_embeddings->weight.sizes(),
+                  ignore || ctx.world_size == 1)
+            << where << ": an ignored embedding stays whole, a sharded one is not";
+        auto scope = state_dict_type(*saved, type);
+        StateDict sd = state_dict(*saved);
+        StateDict expected = state_dict(*plain);
+        StateDict full = gathered(sd);
+        ASSERT_EQ(full.keys(), expected.keys()) << where;
+        for (const auto& key : expected.keys())
+          EXPECT_TRUE(at::equal(full.at(key).tensor(), expected.at(key).tensor())) << where << " " << key;
+
+        torch::manual_seed(1);
+        Transformer load_plain(args);
+        {
+          torch::NoGradGuard no_grad;
+          for (auto& p : load_plain->parameters()) p.zero_();
+        }
+        auto loaded = wrap(load_plain, ignore);
+        auto load_scope = state_dict_type(*loaded, type);
+        load_state_dict(*loaded, sd);
+        auto a = full_params(*loaded), b = full_params(*saved);
+        ASSERT_EQ(a.size(), b.size());
+        for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << where << " param " << i;
+        if (::testing::Test::HasFailure()) return;
+      }
+  });
+}
+
+// FSDP2's ignored_params on one parameter; an auto-wrap policy makes no unit of an ignored module.
+TEST_P(FullyShardIgnored, IgnoredParamsAndAutoWrap) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size, rank = ctx.rank;
+    torch::manual_seed(0);
+    Sequential plain = make_mlp({{6, 8}, {8, 3}});
+    torch::manual_seed(0);
+    Sequential net = make_mlp({{6, 8}, {8, 3}});
+    auto first = net[0]->as<torch::nn::Linear>();
+    FSDPSequential model(net, FullyShardOptions().ignored_params({first->bias}));
+    EXPECT_TRUE(at::equal(first->bias, plain[0]->as<torch::nn::Linear>()->bias)) << "ignored: whole";
+    EXPECT_TRUE(at::equal(first->weight, shard_rows(plain[0]->as<torch::nn::Linear>()->weight, rank, n)));
+    EXPECT_EQ(model->sharded_parameter_names(), (std::vector<std::string>{"0.weight", "2.weight", "2.bias"}));
+
+    torch::manual_seed(0);
+    Sequential net2 = make_mlp({{6, 8}, {8, 3}});
+    FSDPSequential model2(net2, FullyShardOptions().auto_wrap_policy(SizeBasedAutoWrapPolicy(1)).ignored_modules({net2[2]}));
+    EXPECT_EQ(fsdp_units(*model2).size(), 2u) << "the root and Linear 0; not the ignored Linear 2";
+    EXPECT_TRUE(at::equal(net2[2]->as<torch::nn::Linear>()->weight, plain[2]->as<torch::nn::Linear>()->weight));
+  });
+}
+
+// Ignored parameters or modules that are not the module's: an error naming the entry, and the
+// module untouched (its parameters whole, wrappable afterwards).
+TEST(FullyShardIgnoredErrors, NotTheModulesIsRefused) {
+  run_ranks(1, [](RankContext&) {
+    Linear lin(4, 3), other(2, 2);
+    const at::Tensor before = lin->weight.detach().clone();
+    auto message = [&](const FullyShardOptions& o) {
+      try {
+        FSDPLinear unit(lin, o);
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    const std::string param_error = message(FullyShardOptions().ignored_params({lin->bias, other->weight}));
+    EXPECT_NE(param_error.find("ignored_params[1] (shape [2, 2]) is not a parameter of the module"), std::string::npos)
+        << param_error;
+    const std::string module_error = message(FullyShardOptions().ignored_modules({other.ptr()}));
+    EXPECT_NE(module_error.find("ignored_modules[0] (" + other->name() + ") is not the module or one of its submodules"),
+              std::string::npos)
+        << module_error;
+    EXPECT_TRUE(at::equal(lin->weight, before));
+    FSDPLinear ok(lin, FullyShardOptions().ignored_params({lin->bias}));
+    EXPECT_EQ(ok->sharded_parameter_names(), std::vector<std::string>{"weight"});
+  });
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardIgnored);
+
+}  // namespace
+}  // namespace fsdpp
