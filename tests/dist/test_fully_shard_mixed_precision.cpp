@@ -73,25 +73,35 @@ class Reference {
 
   Sequential& master() { return master_; }
 
-  // Returns each slice's loss; leaves the master gradients set.
-  std::vector<at::Tensor> step_gradients(const at::Tensor& x, const at::Tensor& y, int n) {
+  // Returns each slice's loss (rank-major, then microbatch); leaves the master gradients set.
+  // With microbatches, each rank's gradients are summed in the reduce dtype first, as a unit
+  // without gradient sync accumulates them.
+  std::vector<at::Tensor> step_gradients(const at::Tensor& x, const at::Tensor& y, int n, int micro = 1) {
     at::NoGradGuard outer;
     {
       auto m = master_->parameters();
       auto c = compute_->parameters();
       for (size_t i = 0; i < m.size(); ++i) c[i].copy_(m[i]);
     }
-    const int64_t local = x.size(0) / n;
+    const int64_t rows = x.size(0) / n / micro;
     std::vector<std::vector<at::Tensor>> grads(n);
     std::vector<at::Tensor> losses;
-    for (int r = 0; r < n; ++r) {
-      torch::AutoGradMode grad_on(true);
-      for (auto& p : compute_->parameters()) p.mutable_grad().reset();
-      at::Tensor loss = (forward(x.narrow(0, r * local, local)) - y.narrow(0, r * local, local)).pow(2).mean();
-      loss.backward();
-      losses.push_back(loss.detach());
-      for (auto& p : compute_->parameters()) grads[r].push_back(p.grad());
-    }
+    for (int r = 0; r < n; ++r)
+      for (int mb = 0; mb < micro; ++mb) {
+        torch::AutoGradMode grad_on(true);
+        for (auto& p : compute_->parameters()) p.mutable_grad().reset();
+        const int64_t first = (r * micro + mb) * rows;
+        at::Tensor loss = (forward(x.narrow(0, first, rows)) - y.narrow(0, first, rows)).pow(2).mean();
+        loss.backward();
+        losses.push_back(loss.detach());
+        auto params = compute_->parameters();
+        for (size_t i = 0; i < params.size(); ++i) {
+          if (mb == 0)
+            grads[r].push_back(params[i].grad().to(reduce_dtype_of(i / 2)));
+          else
+            grads[r][i].add_(params[i].grad());
+        }
+      }
     auto m = master_->parameters();
     for (size_t i = 0; i < m.size(); ++i) {
       std::vector<at::Tensor> per_rank;
@@ -137,7 +147,7 @@ class Reference {
 // Trains the model and the reference for `steps` Adam steps; at world sizes 1 and 2 every
 // number must match bitwise (same casts, same kernels, a two-term sum), at 3 and 4 the float32
 // reduction order differs: gradients within float32 tolerance, losses within bfloat16's.
-void check_parity(RankContext& ctx, const Policies& policies, const std::string& label, int steps = 6) {
+void check_parity(RankContext& ctx, const Policies& policies, const std::string& label, int micro = 1, int steps = 6) {
   const int n = ctx.world_size, rank = ctx.rank;
   Reference ref(policies);
   torch::manual_seed(0);
@@ -153,19 +163,25 @@ void check_parity(RankContext& ctx, const Policies& policies, const std::string&
     torch::manual_seed(1000 + step);
     at::Tensor x = torch::randn({kGlobalBatch, 7});
     at::Tensor y = torch::randn({kGlobalBatch, 3});
-    auto ref_losses = ref.step_gradients(x, y, n);
+    auto ref_losses = ref.step_gradients(x, y, n, micro);
     opt.zero_grad();
-    at::Tensor out = model->forward(x.narrow(0, rank * local, local));
-    ASSERT_EQ(out.scalar_type(), policies.root.output_dtype_.value_or(policies.root.param_dtype_.value_or(at::kFloat)))
-        << where;
-    at::Tensor loss = (out - y.narrow(0, rank * local, local)).pow(2).mean();
-    loss.backward();
-    if (exact) {
-      EXPECT_TRUE(at::equal(loss.detach(), ref_losses[rank])) << where << " loss " << loss.item<double>() << " vs "
-                                                               << ref_losses[rank].item<double>();
-    } else {
-      EXPECT_TRUE(at::allclose(loss.detach().to(at::kFloat), ref_losses[rank].to(at::kFloat), 1.6e-2, 1e-5))
-          << where << " loss " << loss.item<double>() << " vs " << ref_losses[rank].item<double>();
+    const int64_t rows = local / micro;
+    for (int mb = 0; mb < micro; ++mb) {
+      model->set_requires_gradient_sync(mb == micro - 1);
+      const int64_t first = rank * local + mb * rows;
+      at::Tensor out = model->forward(x.narrow(0, first, rows));
+      ASSERT_EQ(out.scalar_type(), policies.root.output_dtype_.value_or(policies.root.param_dtype_.value_or(at::kFloat)))
+          << where;
+      at::Tensor loss = (out - y.narrow(0, first, rows)).pow(2).mean();
+      loss.backward();
+      const at::Tensor& expected = ref_losses[rank * micro + mb];
+      if (exact) {
+        EXPECT_TRUE(at::equal(loss.detach(), expected)) << where << " loss " << loss.item<double>() << " vs "
+                                                        << expected.item<double>();
+      } else {
+        EXPECT_TRUE(at::allclose(loss.detach().to(at::kFloat), expected.to(at::kFloat), 1.6e-2, 1e-5))
+            << where << " loss " << loss.item<double>() << " vs " << expected.item<double>();
+      }
     }
     for (size_t i = 0; i < params.size(); ++i) {
       ASSERT_EQ(params[i].scalar_type(), at::kFloat) << where << " sharded param " << i;
@@ -254,6 +270,22 @@ TEST_P(FullyShardMixedPrecision, CommBytesHalvedByBf16) {
     EXPECT_EQ(2 * bf16_fp32.first, fp32.first) << "all-gather bytes";
     EXPECT_EQ(bf16_fp32.second, fp32.second) << "a float32 reduce-scatter moves float32";
     EXPECT_EQ(2 * bf16.second, fp32.second) << "a bf16 reduce-scatter moves half";
+  });
+}
+
+// Gradient accumulation without sync (FSDP2's test_gradient_accumulation under mixed
+// precision): each unit sums its microbatches' bf16 gradients in reduce_dtype and reduces once.
+TEST_P(FullyShardMixedPrecision, GradientAccumulationSumsInReduceDtype) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int64_t local = kGlobalBatch / ctx.world_size;
+    const int micro = local % 2 == 0 ? 2 : 3;
+    for (const auto& [name, mp] : {std::make_pair("fp32 reduce", policy(at::kBFloat16, at::kFloat)),
+                                   std::make_pair("bf16 reduce", policy(at::kBFloat16))}) {
+      MixedPrecisionPolicy root = mp;
+      root.output_dtype_ = at::kFloat;
+      check_parity(ctx, {root, mp, mp}, std::string(name) + ", " + std::to_string(micro) + " microbatches", micro);
+      if (::testing::Test::HasFailure()) return;
+    }
   });
 }
 
