@@ -279,11 +279,12 @@ TEST_P(FullyShardMixedPrecision, GradientAccumulationSumsInReduceDtype) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     const int64_t local = kGlobalBatch / ctx.world_size;
     const int micro = local % 2 == 0 ? 2 : 3;
-    for (const auto& [name, mp] : {std::make_pair("fp32 reduce", policy(at::kBFloat16, at::kFloat)),
-                                   std::make_pair("bf16 reduce", policy(at::kBFloat16))}) {
+    const std::vector<std::pair<std::string, MixedPrecisionPolicy>> cases{
+        {"fp32 reduce", policy(at::kBFloat16, at::kFloat)}, {"bf16 reduce", policy(at::kBFloat16)}};
+    for (const auto& [name, mp] : cases) {
       MixedPrecisionPolicy root = mp;
       root.output_dtype_ = at::kFloat;
-      check_parity(ctx, {root, mp, mp}, std::string(name) + ", " + std::to_string(micro) + " microbatches", micro);
+      check_parity(ctx, {root, mp, mp}, name + ", " + std::to_string(micro) + " microbatches", micro);
       if (::testing::Test::HasFailure()) return;
     }
   });
