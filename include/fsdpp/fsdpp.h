@@ -1,5 +1,6 @@
 #pragma once
 // fsdpp: PyTorch's distributed data-parallel training stack for the libtorch C++ frontend.
+#include <fsdpp/activation_checkpointing.h>
 #include <fsdpp/checkpoint.h>
 #include <fsdpp/collectives.h>
 #include <fsdpp/comm_debug_mode.h>
@@ -10,6 +11,7 @@
 #include <fsdpp/fully_shard.h>
 #include <fsdpp/join.h>
 #include <fsdpp/memory.h>
+#include <fsdpp/mixed_precision_policy.h>
 #include <fsdpp/optim_state_dict.h>
 #include <fsdpp/placement.h>
 #include <fsdpp/process_group.h>

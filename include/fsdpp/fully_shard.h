@@ -36,6 +36,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <fsdpp/device_mesh.h>
+#include <fsdpp/forward_arguments.h>
 #include <fsdpp/mixed_precision_policy.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/reshard_policy.h>
@@ -207,58 +208,6 @@ class FSDPModule : public torch::nn::Module {
 };
 
 namespace detail {
-
-// The signature of M::forward as a function type; specialize for modules whose forward is a
-// template (Sequential: Tensor(Tensor)), or pass the signature to FullyShardedDataParallel.
-template <typename T>
-struct forward_signature : forward_signature<decltype(&T::forward)> {};
-template <typename C, typename R, typename... A>
-struct forward_signature<R (C::*)(A...)> {
-  using type = R(A...);
-};
-template <typename C, typename R, typename... A>
-struct forward_signature<R (C::*)(A...) const> {
-  using type = R(A...);
-};
-template <>
-struct forward_signature<torch::nn::SequentialImpl> {
-  using type = at::Tensor(at::Tensor);
-};
-
-// Visits the tensors in a forward's arguments or result: a Tensor, a vector of them, a tuple
-// or pair (nested); anything else holds none.
-template <typename T, typename F>
-void for_each_tensor(T&, F&) {}
-template <typename F>
-void for_each_tensor(at::Tensor& t, F& f) {
-  f(t);
-}
-template <typename F>
-void for_each_tensor(std::vector<at::Tensor>& ts, F& f) {
-  for (auto& t : ts) f(t);
-}
-template <typename... Ts, typename F>
-void for_each_tensor(std::tuple<Ts...>& t, F& f);
-template <typename A, typename B, typename F>
-void for_each_tensor(std::pair<A, B>& p, F& f);
-template <typename... Ts, typename F>
-void for_each_tensor(std::tuple<Ts...>& t, F& f) {
-  std::apply([&](auto&... e) { (for_each_tensor(e, f), ...); }, t);
-}
-template <typename A, typename B, typename F>
-void for_each_tensor(std::pair<A, B>& p, F& f) {
-  for_each_tensor(p.first, f);
-  for_each_tensor(p.second, f);
-}
-
-// Pointers to the tensors in a forward's arguments or result.
-template <typename T>
-std::vector<at::Tensor*> tensors_in(T& value) {
-  std::vector<at::Tensor*> out;
-  auto collect = [&](at::Tensor& t) { out.push_back(&t); };
-  for_each_tensor(value, collect);
-  return out;
-}
 
 // Gives the wrapper a non-template forward with exactly the wrapped signature, so
 // Sequential, ModuleList and AnyModule hold it in the wrapped module's place.

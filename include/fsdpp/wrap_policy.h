@@ -17,6 +17,7 @@
 
 #include <torch/nn/modules/container/any.h>
 
+#include <fsdpp/activation_checkpointing.h>
 #include <fsdpp/fully_shard.h>
 
 namespace fsdpp {
@@ -28,6 +29,9 @@ struct AutoWrapPolicy {
   // Builds the typed unit of a selected module; empty for policies that do not know the
   // type (they wrap only Sequential elements, through their AnyModule).
   std::function<torch::nn::AnyModule(const std::shared_ptr<torch::nn::Module>&, const FullyShardOptions&)> make_unit;
+  // The same for apply_activation_checkpointing: the typed checkpoint wrapper of a selected
+  // module, or empty (Sequential elements then get a type-blind one).
+  std::function<torch::nn::AnyModule(const std::shared_ptr<torch::nn::Module>&)> make_checkpoint_wrapper;
 };
 
 // Wraps every submodule whose type is one of Ts (PyTorch's ModuleWrapPolicy({Block})).
@@ -48,6 +52,17 @@ std::shared_ptr<const AutoWrapPolicy> ModuleWrapPolicy() {
     };
     (try_type(static_cast<Ts*>(nullptr)), ...);
     return unit;
+  };
+  policy->make_checkpoint_wrapper = [](const std::shared_ptr<torch::nn::Module>& m) {
+    torch::nn::AnyModule wrapper;
+    auto try_type = [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      if (wrapper.is_empty())
+        if (auto typed = std::dynamic_pointer_cast<T>(m))
+          wrapper = torch::nn::AnyModule(std::make_shared<CheckpointWrapperImpl<T>>(typed));
+    };
+    (try_type(static_cast<Ts*>(nullptr)), ...);
+    return wrapper;
   };
   return policy;
 }

@@ -2,11 +2,9 @@
 
 #include <unordered_set>
 
-#include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/container/sequential.h>
-
 #include "fsdp/any_module_unit.h"
 #include "fsdp/ignored_params.h"
+#include "nn/replace_modules.h"
 
 namespace fsdpp {
 namespace detail {
@@ -35,42 +33,22 @@ bool selected(const std::shared_ptr<torch::nn::Module>& m, const AutoWrapPolicy&
          policy.should_wrap(*m, unwrapped_numel(*m));
 }
 
-// The name `parent` registered `child` under.
-std::string child_name(const torch::nn::Module& parent, const torch::nn::Module* child) {
-  for (const auto& item : parent.named_children())
-    if (item.value().get() == child) return item.key();
-  return {};
-}
-
 }  // namespace
 
 void apply_auto_wrap_policy(torch::nn::Module& module, const AutoWrapPolicy& policy, const FullyShardOptions& options) {
   FullyShardOptions unit_options = options;
   unit_options.auto_wrap_policy_ = nullptr;
-  for (const auto& child : module.children())
-    if (!dynamic_cast<FSDPModule*>(child.get())) apply_auto_wrap_policy(*child, policy, options);
-
-  if (auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(&module)) {
-    for (auto& element : *sequential) {
-      auto original = element.ptr();
-      if (!selected(original, policy, options)) continue;
-      const FullyShardOptions within = options_within(unit_options, *original);
-      torch::nn::AnyModule unit;
-      if (policy.make_unit) unit = policy.make_unit(original, within);
-      if (unit.is_empty()) unit = torch::nn::AnyModule(std::make_shared<AnyModuleUnitImpl>(element, within));
-      module.replace_module(child_name(module, original.get()), unit.ptr());
-      element = std::move(unit);
-    }
-  } else if (auto* list = dynamic_cast<torch::nn::ModuleListImpl*>(&module)) {
-    if (!policy.make_unit) return;  // its callers name the element's type: only a typed unit fits
-    for (auto& element : *list) {
-      if (!selected(element, policy, options)) continue;
-      torch::nn::AnyModule unit = policy.make_unit(element, options_within(unit_options, *element));
-      if (unit.is_empty()) continue;
-      module.replace_module(child_name(module, element.get()), unit.ptr());
-      element = unit.ptr();
-    }
-  }
+  ModuleReplacement r;
+  r.descend = [](const torch::nn::Module& m) { return !dynamic_cast<const FSDPModule*>(&m); };
+  r.selects = [&](const std::shared_ptr<torch::nn::Module>& m) { return selected(m, policy, options); };
+  if (policy.make_unit)
+    r.typed = [&](const std::shared_ptr<torch::nn::Module>& m) {
+      return policy.make_unit(m, options_within(unit_options, *m));
+    };
+  r.type_blind = [&](const torch::nn::AnyModule& element) {
+    return torch::nn::AnyModule(std::make_shared<AnyModuleUnitImpl>(element, options_within(unit_options, *element.ptr())));
+  };
+  replace_modules(module, r);
 }
 
 }  // namespace detail

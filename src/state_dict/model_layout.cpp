@@ -5,7 +5,11 @@
 namespace fsdpp::detail {
 namespace {
 
-constexpr const char* kWrapped = "_fsdp_wrapped_module";
+// The wrappers' own segments, which state dict keys leave out (as PyTorch's FSDP and
+// CheckpointWrapper state-dict hooks do), so a plain model loads them and vice versa.
+bool is_wrapper_segment(const std::string& name) {
+  return name == "_fsdp_wrapped_module" || name == "_checkpoint_wrapped_module";
+}
 
 struct Owner {
   ShardedParameter param;
@@ -28,7 +32,7 @@ void visit_module(torch::nn::Module& m, const std::string& prefix, const Owners&
   for (const auto& item : m.named_buffers(/*recurse=*/false))
     out.entries.push_back({prefix + item.key(), item.value(), true, std::nullopt, nullptr});
   for (const auto& child : m.named_children())
-    visit_module(*child.value(), child.key() == kWrapped ? prefix : prefix + child.key() + ".", owners, out);
+    visit_module(*child.value(), is_wrapper_segment(child.key()) ? prefix : prefix + child.key() + ".", owners, out);
 }
 
 }  // namespace

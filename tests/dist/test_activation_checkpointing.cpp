@@ -1,0 +1,296 @@
+// Activation checkpointing (checkpoint_wrapper, apply_activation_checkpointing): bitwise the
+// plain module's outputs and gradients (dropout included), activations dropped after forward,
+// composed with FSDP in both orders the seeds use (seed 001's
+// test_train_parity_with_activation_checkpointing; seed 000's nested model with checkpoint
+// wrappers inside and around units), and state dict keys without the wrapper's segment (seed
+// 000's test_fsdp_state_dict_with_activation_checkpoint / test_state_dict_with_manual_ac_wrapper).
+#include <fsdpp/activation_checkpointing.h>
+#include <fsdpp/error.h>
+#include <fsdpp/memory.h>
+#include <fsdpp/state_dict.h>
+#include <fsdpp/wrap_policy.h>
+
+#include "dist/fsdp_test_util.h"
+#include "transformer.h"
+
+namespace fsdpp {
+namespace {
+
+using examples::Transformer;
+using examples::TransformerArgs;
+using examples::TransformerBlockImpl;
+
+// Two modules built from the same seed.
+template <typename Make>
+auto twins(Make make) {
+  torch::manual_seed(0);
+  auto a = make();
+  torch::manual_seed(0);
+  auto b = make();
+  return std::make_pair(a, b);
+}
+
+void expect_same_grads(torch::nn::Module& a, torch::nn::Module& b, const std::string& what) {
+  auto pa = a.parameters(), pb = b.parameters();
+  ASSERT_EQ(pa.size(), pb.size()) << what;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    ASSERT_TRUE(pa[i].grad().defined()) << what << " param " << i << " got no gradient";
+    EXPECT_TRUE(at::equal(pa[i].grad(), pb[i].grad())) << what << " param " << i;
+  }
+}
+
+TEST(ActivationCheckpoint, MatchesThePlainModuleBitwise) {
+  auto [plain, inner] = twins([] { return make_mlp({{6, 16}, {16, 4}}); });
+  auto wrapped = checkpoint_wrapper(inner);
+  at::Tensor x = torch::randn({5, 6}, torch::requires_grad());
+  at::Tensor x2 = x.detach().clone().requires_grad_(true);
+  at::Tensor y = plain->forward(x), y2 = wrapped->forward(x2);
+  EXPECT_TRUE(at::equal(y, y2));
+  y.pow(2).sum().backward();
+  y2.pow(2).sum().backward();
+  EXPECT_TRUE(at::equal(x.grad(), x2.grad())) << "input gradient";
+  expect_same_grads(*plain, *wrapped, "mlp");
+}
+
+// Dropout: the recomputation draws the same mask (the forward's RNG state is restored), and the
+// caller's generator continues as if no recomputation happened.
+struct DropoutMlpImpl : torch::nn::Module {
+  DropoutMlpImpl() : fc1(register_module("fc1", Linear(6, 32))), fc2(register_module("fc2", Linear(32, 3))) {}
+  at::Tensor forward(at::Tensor x) { return fc2(torch::dropout(torch::relu(fc1(x)), 0.5, /*train=*/true)); }
+  Linear fc1, fc2;
+};
+TORCH_MODULE(DropoutMlp);
+
+TEST(ActivationCheckpoint, DropoutRecomputesTheSameMask) {
+  auto [plain, inner] = twins([] { return DropoutMlp(); });
+  auto wrapped = checkpoint_wrapper(inner);
+  at::Tensor x = torch::randn({8, 6});
+  torch::manual_seed(7);
+  plain->forward(x).sum().backward();
+  const at::Tensor after_plain = torch::rand({4});
+  torch::manual_seed(7);
+  wrapped->forward(x).sum().backward();
+  const at::Tensor after_wrapped = torch::rand({4});
+  expect_same_grads(*plain, *wrapped, "dropout");
+  EXPECT_TRUE(at::equal(after_plain, after_wrapped)) << "the caller's RNG stream is unchanged by the recomputation";
+}
+
+// Token ids as the only tensor input (nothing requires grad going in): the parameters still get
+// their gradients (reentrant checkpointing's hole, closed).
+struct TokensToLogitsImpl : torch::nn::Module {
+  TokensToLogitsImpl()
+      : embedding(register_module("embedding", torch::nn::Embedding(20, 8))), head(register_module("head", Linear(8, 20))) {}
+  at::Tensor forward(at::Tensor tokens) { return head(embedding(tokens)); }
+  torch::nn::Embedding embedding;
+  Linear head;
+};
+TORCH_MODULE(TokensToLogits);
+
+TEST(ActivationCheckpoint, TokenInputsStillGiveParameterGradients) {
+  auto [plain, inner] = twins([] { return TokensToLogits(); });
+  auto wrapped = checkpoint_wrapper(inner);
+  at::Tensor tokens = torch::randint(20, {3, 5});
+  plain->forward(tokens).logsumexp(-1).sum().backward();
+  wrapped->forward(tokens).logsumexp(-1).sum().backward();
+  expect_same_grads(*plain, *wrapped, "tokens");
+}
+
+// A forward taking a tensor and a number and returning a tuple; an output whose gradient is
+// undefined (unused) is fine.
+struct TwoHeadsImpl : torch::nn::Module {
+  TwoHeadsImpl() : a(register_module("a", Linear(4, 3))), b(register_module("b", Linear(4, 2))) {}
+  std::tuple<at::Tensor, at::Tensor> forward(at::Tensor x, double scale) { return {a(x) * scale, b(x)}; }
+  Linear a, b;
+};
+TORCH_MODULE(TwoHeads);
+
+TEST(ActivationCheckpoint, TupleOutputsAndNonTensorArguments) {
+  auto [plain, inner] = twins([] { return TwoHeads(); });
+  auto wrapped = checkpoint_wrapper(inner);
+  at::Tensor x = torch::randn({5, 4});
+  auto [p1, p2] = plain->forward(x, 0.5);
+  auto [w1, w2] = wrapped->forward(x, 0.5);
+  EXPECT_TRUE(at::equal(p1, w1));
+  EXPECT_TRUE(at::equal(p2, w2));
+  p1.sum().backward();
+  w1.sum().backward();
+  EXPECT_TRUE(at::equal(plain->a->weight.grad(), wrapped->module()->a->weight.grad()));
+  EXPECT_FALSE(wrapped->module()->b->weight.grad().defined()) << "b's output got no gradient";
+}
+
+// Three Linear(128, 128) + ReLU layers.
+struct ThreeLayersImpl : torch::nn::Module {
+  ThreeLayersImpl() : layers(register_module("layers", Sequential(Linear(128, 128), ReLU(), Linear(128, 128), ReLU(),
+                                                                   Linear(128, 128), ReLU()))) {}
+  at::Tensor forward(at::Tensor x) { return layers->forward(x); }
+  Sequential layers;
+};
+TORCH_MODULE(ThreeLayers);
+
+// Activations held between forward and backward: a 12-layer MLP keeps every layer's input
+// without checkpointing, only the wrapped blocks' inputs with it.
+TEST(ActivationCheckpoint, HoldsLessAfterForward) {
+  auto make = [](bool ac) {
+    torch::manual_seed(0);
+    Sequential net;
+    for (int i = 0; i < 4; ++i) {
+      if (ac)
+        net->push_back(checkpoint_wrapper(ThreeLayers()));
+      else
+        net->push_back(ThreeLayers());
+    }
+    return net;
+  };
+  at::Tensor x = torch::randn({256, 128});
+  auto held = [&](Sequential net) {
+    const int64_t base = memory_stats().current_bytes;
+    at::Tensor loss = net->forward(x).sum();
+    const int64_t bytes = memory_stats().current_bytes - base;
+    loss.backward();
+    return bytes;
+  };
+  const int64_t without = held(make(false)), with = held(make(true));
+  std::cerr << "held after forward: " << without << " bytes without checkpointing, " << with << " with ("
+            << static_cast<double>(with) / without << "x)\n";
+  EXPECT_LT(with * 3, without) << "12 layers' activations vs the 4 block inputs";
+}
+
+TEST(ActivationCheckpoint, ApplyWithThePoliciesOfAutoWrap) {
+  auto make = [] { return make_multi_group(false, {}); };
+  for (int which = 0; which < 2; ++which) {
+    auto [plain, model] = twins(make);
+    const int wrapped = which == 0 ? apply_activation_checkpointing(*model, ModuleWrapPolicy<torch::nn::LinearImpl>())
+                                   : apply_activation_checkpointing(*model, SizeBasedAutoWrapPolicy(100));
+    EXPECT_EQ(wrapped, which == 0 ? 3 : 2) << "size-based: Linear(7, 15) has 120, Linear(15, 15) 240, Linear(15, 3) 48";
+    at::Tensor x = torch::randn({6, 7});
+    EXPECT_TRUE(at::equal(plain->forward(x), model->forward(x)));
+    plain->forward(x).sum().backward();
+    model->forward(x).sum().backward();
+    expect_same_grads(*plain, *model, which == 0 ? "typed" : "type-blind");
+    EXPECT_EQ(state_dict(*model).keys(), state_dict(*plain).keys());
+    EXPECT_EQ(apply_activation_checkpointing(*model, ModuleWrapPolicy<torch::nn::LinearImpl>()), which == 0 ? 0 : 1)
+        << "wrappers are not wrapped again";
+  }
+}
+
+// A type-blind wrapper of an element whose forward takes no tensor: an error naming it.
+struct CounterImpl : torch::nn::Module {
+  CounterImpl() { register_parameter("w", torch::ones({1})); }
+  at::Tensor forward(int64_t n) { return named_parameters()["w"] * static_cast<double>(n); }
+};
+TORCH_MODULE(Counter);
+
+TEST(ActivationCheckpoint, NoTensorInputIsAnErrorNamingTheModule) {
+  Sequential net(Counter{});
+  ASSERT_EQ(apply_activation_checkpointing(*net, SizeBasedAutoWrapPolicy(1)), 1);
+  try {
+    net->forward<at::Tensor>(int64_t{3});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint wrapper of " + Counter()->name() + ": forward was given no tensor"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+class ActivationCheckpointFSDP : public testing::WorldSizeTest {};
+
+// Trains `ac` and `plain` (same initial values) side by side on this rank's slices; losses,
+// gradients and parameters must stay bitwise equal (recomputation repeats the same kernels).
+using LossOf = std::function<at::Tensor(const at::Tensor&)>;
+
+void expect_training_parity(torch::nn::Module& plain, const LossOf& plain_forward, torch::nn::Module& ac,
+                            const LossOf& ac_forward, const std::function<at::Tensor(int)>& batch,
+                            const std::string& what) {
+  torch::optim::Adam plain_opt(plain.parameters(), 1e-2), ac_opt(ac.parameters(), 1e-2);
+  for (int step = 0; step < 4; ++step) {
+    at::Tensor x = batch(step);
+    plain_opt.zero_grad();
+    ac_opt.zero_grad();
+    at::Tensor loss = plain_forward(x), ac_loss = ac_forward(x);
+    EXPECT_TRUE(at::equal(loss, ac_loss)) << what << " step " << step;
+    loss.backward();
+    ac_loss.backward();
+    expect_same_grads(plain, ac, what + " step " + std::to_string(step));
+    plain_opt.step();
+    ac_opt.step();
+    if (::testing::Test::HasFailure()) return;
+  }
+  auto a = full_params(plain), b = full_params(ac);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << what << " param " << i;
+}
+
+// Seed 001: AC on every transformer block, then fully_shard per block and the root.
+TEST_P(ActivationCheckpointFSDP, test_train_parity_with_activation_checkpointing) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    TransformerArgs args;
+    for (bool reshard_after_forward : {true, false}) {
+      auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
+      auto [plain_model, ac_model] = twins([&] { return Transformer(args); });
+      auto plain = fully_shard(plain_model, FullyShardOptions(options).auto_wrap_policy(ModuleWrapPolicy<TransformerBlockImpl>()));
+      ASSERT_EQ(apply_activation_checkpointing(*ac_model, ModuleWrapPolicy<TransformerBlockImpl>()), args.n_layers);
+      auto ac = fully_shard(ac_model, FullyShardOptions(options).auto_wrap_policy(
+                                          ModuleWrapPolicy<CheckpointWrapperImpl<TransformerBlockImpl>>()));
+      EXPECT_EQ(fsdp_units(*ac).size(), fsdp_units(*plain).size()) << "FSDP around each AC-wrapped block";
+      auto forward = [&](auto& m) {
+        return [&m](const at::Tensor& tokens) {
+          return examples::language_model_loss(m->forward(tokens), tokens.roll(1, 1));
+        };
+      };
+      auto batch = [&](int step) {
+        torch::manual_seed(100 * step + ctx.rank);
+        return torch::randint(args.vocab_size, {2, args.max_seq_len});
+      };
+      expect_training_parity(*plain, forward(plain), *ac, forward(ac), batch,
+                             std::string("reshard_after_forward ") + (reshard_after_forward ? "T" : "F"));
+      if (::testing::Test::HasFailure()) return;
+    }
+  });
+}
+
+// Seed 000's nested model with checkpoint wrappers inside and around units:
+// FSDP(checkpoint_wrapper(Sequential(FSDP(checkpoint_wrapper(lin1)), checkpoint_wrapper(lin2)))),
+// where the outer wrapper's recomputation runs the inner unit's forward again in backward.
+Sequential nested(bool ac, const FullyShardOptions& o) {
+  Linear l1(10, 10), l2(10, 10);
+  if (!ac) return Sequential(FSDPSequential(Sequential(FSDPLinear(l1, o), l2), o));
+  Sequential inner(fully_shard(checkpoint_wrapper(l1), o), checkpoint_wrapper(l2));
+  return Sequential(fully_shard(checkpoint_wrapper(inner), o));
+}
+
+TEST_P(ActivationCheckpointFSDP, WrappersInsideAndAroundUnits) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    for (bool reshard_after_forward : {true, false}) {
+      const auto o = FullyShardOptions().reshard_after_forward(reshard_after_forward);
+      torch::manual_seed(0);
+      Sequential plain = nested(false, o);
+      torch::manual_seed(0);
+      Sequential ac = nested(true, o);
+      auto loss_of = [](Sequential m) {
+        return [m](const at::Tensor& x) mutable { return m->forward(x).pow(2).mean(); };
+      };
+      auto batch = [&](int step) {
+        torch::manual_seed(10 * step + ctx.rank);
+        return torch::randn({4, 10});
+      };
+      expect_training_parity(*plain, loss_of(plain), *ac, loss_of(ac), batch,
+                             std::string("nested, reshard_after_forward ") + (reshard_after_forward ? "T" : "F"));
+      // Seed 000: keys without wrapper segments, FULL and SHARDED, loadable both ways.
+      for (StateDictType type : {StateDictType::FULL_STATE_DICT, StateDictType::SHARDED_STATE_DICT}) {
+        auto scope_plain = state_dict_type(*plain->ptr(0), type);
+        auto scope_ac = state_dict_type(*ac->ptr(0), type);
+        StateDict from_ac = state_dict(*ac), from_plain = state_dict(*plain);
+        EXPECT_EQ(from_ac.keys(), from_plain.keys()) << to_string(type);
+        EXPECT_EQ(from_ac.keys(), (std::vector<std::string>{"0.0.weight", "0.0.bias", "0.1.weight", "0.1.bias"}));
+        load_state_dict(*plain, from_ac);
+        load_state_dict(*ac, from_plain);
+      }
+      if (::testing::Test::HasFailure()) return;
+    }
+  });
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(ActivationCheckpointFSDP);
+
+}  // namespace
+}  // namespace fsdpp
