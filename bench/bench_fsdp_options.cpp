@@ -1,8 +1,9 @@
 // FSDP's training options on bench_fsdp's transformer, each against plain float32 FSDP in the
 // same run (rounds alternate the variants, so a noisy machine shifts them alike):
-//  - mixed precision (bf16 compute with float32 or bf16 reduction): all-gather and
-//    reduce-scatter bytes per step (CommDebugMode), median step time, peak tensor memory of a
-//    step above what is held between steps.
+//  - mixed precision (bf16 compute with float32 or bf16 reduction) and activation
+//    checkpointing of every block: all-gather and reduce-scatter bytes per step
+//    (CommDebugMode), median step time, peak tensor memory of a step above what is held
+//    between steps.
 //   fsdpp-run --nproc-per-node 2 bench_fsdp_options --layers 4 --dim 256
 #include <cstdio>
 #include <string>
@@ -28,6 +29,7 @@ double mib(double bytes) { return bytes / (1 << 20); }
 struct Variant {
   std::string name;
   fsdpp::FullyShardOptions options;
+  bool activation_checkpointing = false;
 };
 
 struct Result {
@@ -38,7 +40,7 @@ struct Result {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"fsdpp FSDP options (mixed precision) vs float32 FSDP: wire bytes, memory, step time"};
+  CLI::App app{"fsdpp FSDP options (mixed precision, activation checkpointing) vs float32 FSDP: wire bytes, memory, step time"};
   TransformerArgs args;
   args.n_layers = 4;
   args.dim = 256;
@@ -66,14 +68,21 @@ int main(int argc, char** argv) {
     return fsdpp::FullyShardOptions(blocks).mp_policy(
         fsdpp::MixedPrecisionPolicy().param_dtype(at::kBFloat16).reduce_dtype(reduce));
   };
+  // FSDP around each checkpoint-wrapped block.
+  const auto checkpointed_blocks = fsdpp::FullyShardOptions().auto_wrap_policy(
+      fsdpp::ModuleWrapPolicy<fsdpp::CheckpointWrapperImpl<TransformerBlockImpl>>());
   const std::vector<Variant> variants{{"fp32", blocks},
                                       {"bf16 compute, fp32 reduce", with_mp(at::kFloat)},
-                                      {"bf16 compute, bf16 reduce", with_mp(at::kBFloat16)}};
+                                      {"bf16 compute, bf16 reduce", with_mp(at::kBFloat16)},
+                                      {"fp32, blocks checkpointed", checkpointed_blocks, true}};
   std::vector<Result> results(variants.size());
   for (int round = 0; round < rounds; ++round)
     for (size_t v = 0; v < variants.size(); ++v) {
       torch::manual_seed(0);
-      auto model = fsdpp::fully_shard(Transformer(args), variants[v].options);
+      Transformer plain(args);
+      if (variants[v].activation_checkpointing)
+        fsdpp::apply_activation_checkpointing(*plain, fsdpp::ModuleWrapPolicy<TransformerBlockImpl>());
+      auto model = fsdpp::fully_shard(plain, variants[v].options);
       torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-4));
       auto step = [&] {
         opt.zero_grad();
