@@ -5,6 +5,8 @@
 
 #include <torch/nn/modules/container/any.h>
 
+#include "nn/pass_through_holder.h"
+
 namespace fsdpp::detail {
 
 class AnyCheckpointWrapperImpl : public torch::nn::Module {
@@ -22,16 +24,9 @@ namespace torch::nn {
 
 // AnyModule's holder for the wrapper: passes the Sequential's AnyValues through unchanged.
 template <>
-struct AnyModuleHolder<fsdpp::detail::AnyCheckpointWrapperImpl, std::vector<AnyValue>> : public AnyModulePlaceholder {
-  explicit AnyModuleHolder(std::shared_ptr<fsdpp::detail::AnyCheckpointWrapperImpl>&& m)
-      : AnyModulePlaceholder(typeid(fsdpp::detail::AnyCheckpointWrapperImpl)), module(std::move(m)) {}
-  AnyValue forward(std::vector<AnyValue>&& arguments) override { return module->forward(std::move(arguments)); }
-  std::shared_ptr<Module> ptr() override { return module; }
-  std::unique_ptr<AnyModulePlaceholder> copy() const override { return std::make_unique<AnyModuleHolder>(*this); }
-  std::unique_ptr<AnyModulePlaceholder> clone_module(optional<Device>) const override {
-    AT_ERROR("a checkpoint wrapper cannot be cloned");
-  }
-  std::shared_ptr<fsdpp::detail::AnyCheckpointWrapperImpl> module;
+struct AnyModuleHolder<fsdpp::detail::AnyCheckpointWrapperImpl, std::vector<AnyValue>>
+    : fsdpp::detail::PassThroughHolder<fsdpp::detail::AnyCheckpointWrapperImpl> {
+  using PassThroughHolder::PassThroughHolder;
 };
 
 }  // namespace torch::nn

@@ -7,6 +7,8 @@
 
 #include <fsdpp/fully_shard.h>
 
+#include "nn/pass_through_holder.h"
+
 namespace fsdpp::detail {
 
 class AnyModuleUnitImpl : public FSDPModule {
@@ -22,19 +24,11 @@ class AnyModuleUnitImpl : public FSDPModule {
 
 namespace torch::nn {
 
-// AnyModule's holder for the unit: passes the Sequential's AnyValues through unchanged
-// (the element checks their number and types itself).
+// AnyModule's holder for the wrapper: passes the Sequential's AnyValues through unchanged.
 template <>
-struct AnyModuleHolder<fsdpp::detail::AnyModuleUnitImpl, std::vector<AnyValue>> : public AnyModulePlaceholder {
-  explicit AnyModuleHolder(std::shared_ptr<fsdpp::detail::AnyModuleUnitImpl>&& m)
-      : AnyModulePlaceholder(typeid(fsdpp::detail::AnyModuleUnitImpl)), module(std::move(m)) {}
-  AnyValue forward(std::vector<AnyValue>&& arguments) override { return module->forward(std::move(arguments)); }
-  std::shared_ptr<Module> ptr() override { return module; }
-  std::unique_ptr<AnyModulePlaceholder> copy() const override { return std::make_unique<AnyModuleHolder>(*this); }
-  std::unique_ptr<AnyModulePlaceholder> clone_module(optional<Device>) const override {
-    AT_ERROR("an FSDP unit cannot be cloned");
-  }
-  std::shared_ptr<fsdpp::detail::AnyModuleUnitImpl> module;
+struct AnyModuleHolder<fsdpp::detail::AnyModuleUnitImpl, std::vector<AnyValue>>
+    : fsdpp::detail::PassThroughHolder<fsdpp::detail::AnyModuleUnitImpl> {
+  using PassThroughHolder::PassThroughHolder;
 };
 
 }  // namespace torch::nn
