@@ -38,6 +38,7 @@
 #include <fsdpp/device_mesh.h>
 #include <fsdpp/forward_arguments.h>
 #include <fsdpp/mixed_precision_policy.h>
+#include <fsdpp/offload_policy.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/reshard_policy.h>
 #include <fsdpp/sharded_tensor.h>
@@ -82,6 +83,12 @@ struct FullyShardOptions {
     mp_policy_ = std::move(v);
     return *this;
   }
+  // Keeps the sharded parameters, their gradients and the optimizer state in host memory
+  // (<fsdpp/offload_policy.h>): CPUOffloadPolicy(), as FSDP2's offload_policy.
+  FullyShardOptions& offload_policy(OffloadPolicy v) {
+    offload_policy_ = v;
+    return *this;
+  }
 
   // Parameters FSDP leaves alone (FSDP2's ignored_params): whole on every rank, never gathered,
   // and their gradients not reduced (the caller synchronizes them if it wants to). Each must be
@@ -102,6 +109,7 @@ struct FullyShardOptions {
   ReshardPolicy reshard_after_forward_;
   std::shared_ptr<const AutoWrapPolicy> auto_wrap_policy_;
   MixedPrecisionPolicy mp_policy_;
+  OffloadPolicy offload_policy_;
   std::vector<at::Tensor> ignored_params_;
   std::vector<std::shared_ptr<torch::nn::Module>> ignored_modules_;
 };

@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <optional>
+#include <unordered_set>
 
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -34,6 +36,27 @@ void cast_floating(at::Tensor& t, at::ScalarType dtype) {
   if (t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != dtype) t = t.to(dtype);
 }
 
+// The parameters a unit will shard (all of the module's that no inner unit owns and that are
+// not ignored) share one device, the compute device, and hold data.
+void check_parameter_devices(const torch::nn::Module& module, const std::unordered_set<const c10::TensorImpl*>& ignored,
+                             const FullyShardOptions& options, const std::string& unit) {
+  std::optional<std::pair<std::string, at::Device>> first;
+  for (const auto& [name, p] : detail::unwrapped_parameters(module)) {
+    if (ignored.count(p.unsafeGetTensorImpl())) continue;
+    if (p.is_meta())
+      throw Error("fully_shard of " + unit + ": parameter '" + name + "' is on the meta device; " +
+                  (options.offload_policy_.offload_to_cpu_ ? "CPU offload needs" : "fully_shard needs") +
+                  " parameters with data (materialize the module, e.g. to_empty and initialize, before wrapping)");
+    if (!first) {
+      first.emplace(name, p.device());
+    } else if (p.device() != first->second) {
+      throw Error("fully_shard of " + unit + ": parameter '" + name + "' is on " + p.device().str() + " but '" +
+                  first->first + "' is on " + first->second.str() +
+                  "; the parameters a unit shards are computed with on one device (move the module first)");
+    }
+  }
+}
+
 }  // namespace
 
 FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOptions options)
@@ -48,14 +71,16 @@ FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOpti
   options_.reshard_after_forward_.check(group.size(), unit, group.name());
   options_.mp_policy_.check(unit);
   const auto ignored = detail::ignored_parameters(*module_, options_, unit);
+  check_parameter_devices(*module_, ignored, options_, unit);
   if (options_.auto_wrap_policy_) detail::apply_auto_wrap_policy(*module_, *options_.auto_wrap_policy_, options_);
   // Parameters owned by inner units stay theirs; ignored ones stay the module's.
   auto params = detail::unwrapped_parameters(*module_);
   params.erase(std::remove_if(params.begin(), params.end(),
                               [&](const auto& p) { return ignored.count(p.second.unsafeGetTensorImpl()) > 0; }),
                params.end());
-  state_ = std::make_shared<detail::FSDPState>(unit, std::move(params), std::move(group), options_.reshard_after_forward_,
-                                               options_.mp_policy_);
+  state_ = std::make_shared<detail::FSDPState>(
+      unit, std::move(params), std::move(group),
+      detail::ParamGroupPolicies{options_.reshard_after_forward_, options_.mp_policy_, options_.offload_policy_});
   state_->register_self();
 }
 

@@ -83,11 +83,13 @@ void FSDPParam::to_sharded() {
 
 void FSDPParam::check_sharded_data() {
   if (!sharded_ || same_binding(param_, sharded_view_)) return;
-  if (param_.sizes() != sharded_view_.sizes() || param_.scalar_type() != sharded_view_.scalar_type())
+  if (param_.sizes() != sharded_view_.sizes() || param_.scalar_type() != sharded_view_.scalar_type() ||
+      param_.device() != sharded_view_.device())
     throw Error("FSDP parameter '" + fqn_ + "' was replaced by a tensor of shape " + shape_string(param_.sizes()) + " " +
-                std::string(c10::toString(param_.scalar_type())) + " while sharded; expected its shard " +
-                shape_string(sharded_view_.sizes()) + " " + std::string(c10::toString(sharded_view_.scalar_type())) +
-                " (changing the dtype or shape after wrapping is not supported)");
+                std::string(c10::toString(param_.scalar_type())) + " on " + param_.device().str() +
+                " while sharded; expected its shard " + shape_string(sharded_view_.sizes()) + " " +
+                std::string(c10::toString(sharded_view_.scalar_type())) + " on " + sharded_view_.device().str() +
+                " (changing the dtype, shape or device after wrapping is not supported)");
   at::NoGradGuard no_grad;
   sharded_view_.copy_(param_.detach());
   param_.set_data(sharded_view_);

@@ -16,13 +16,13 @@
 namespace fsdpp::detail {
 
 FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
-                               std::string unit_name, ReshardPolicy reshard_after_forward,
-                               const MixedPrecisionPolicy& mp_policy)
+                               std::string unit_name, const ParamGroupPolicies& policies)
     : unit_name_(std::move(unit_name)),
       process_group_(std::move(group)),
-      param_dtype_(mp_policy.param_dtype_),
-      reduce_dtype_(mp_policy.reduce_dtype_),
-      reshard_policy_(reshard_after_forward) {
+      offload_policy_(policies.offload_policy),
+      param_dtype_(policies.mp_policy.param_dtype_),
+      reduce_dtype_(policies.mp_policy.reduce_dtype_),
+      reshard_policy_(policies.reshard_after_forward) {
   if (!process_group_.is_member()) throw Error("fully_shard of " + unit_name_ + ": this rank is not a member of group " + process_group_.name());
   rank_ = process_group_.rank();
   world_size_ = process_group_.size();
@@ -44,7 +44,8 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> p
   }
   check_same_on_all_ranks();
   flat_ = UnitFlatLayout(params_, world_size_);
-  bind_flat_buffers(first.options().requires_grad(false), /*initial=*/true);
+  compute_device_ = first.device();
+  bind_flat_buffers(sharded_options(first.scalar_type()), /*initial=*/true);
 }
 
 FSDPParamGroup::~FSDPParamGroup() {
@@ -93,12 +94,21 @@ void FSDPParamGroup::bind_unsharded(const at::Tensor& flat) {
     params_[i].init_unsharded(flat.narrow(0, flat_.unsharded_offset(i), params_[i].padded_chunk_numel() * world_size_));
 }
 
+at::TensorOptions FSDPParamGroup::sharded_options(at::ScalarType dtype) const {
+  at::TensorOptions options = at::TensorOptions().dtype(dtype).device(compute_device_);
+  if (!offload_policy_.offload_to_cpu_) return options;
+  // Pinned memory only speeds up copies to an accelerator (and needs one).
+  return options.device(at::kCPU).pinned_memory(offload_policy_.pin_memory_ && !compute_device_.is_cpu());
+}
+
 at::TensorOptions FSDPParamGroup::compute_options() const {
-  return sharded_flat_.options().dtype(param_dtype_.value_or(sharded_flat_.scalar_type()));
+  return at::TensorOptions()
+      .device(compute_device_)
+      .dtype(param_dtype_.value_or(sharded_flat_.scalar_type()));
 }
 
 at::TensorOptions FSDPParamGroup::reduce_options() const {
-  return sharded_flat_.options().dtype(reduce_dtype_.value_or(compute_options().dtype().toScalarType()));
+  return compute_options().dtype(reduce_dtype_.value_or(compute_options().dtype().toScalarType()));
 }
 
 void FSDPParamGroup::handle_dtype_change() {
@@ -113,7 +123,7 @@ void FSDPParamGroup::handle_dtype_change() {
                   std::string(c10::toString(dtype)) + "; one unit needs one dtype");
   if (reduce_scatter_output_.defined() || all_gather_output_.defined())
     throw Error("FSDP unit " + unit_name_ + ": parameters were cast while a collective was in flight");
-  bind_flat_buffers(sharded_flat_.options().dtype(dtype), /*initial=*/false);
+  bind_flat_buffers(sharded_options(dtype), /*initial=*/false);
   for (auto& g : accumulated_grads_)
     if (g.defined()) g = g.to(reduce_options().dtype());
 }
@@ -154,10 +164,12 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
   handle_dtype_change();
   for (auto& p : params_) p.check_sharded_data();
   // Mixed precision: the all-gather moves the compute dtype, cast from the shards (FSDP2's
-  // all-gather input); the cast lives until the collective finished with it.
+  // all-gather input); CPU offload: copied to the compute device. The input lives until the
+  // collective finished with it.
   const at::ScalarType dtype = compute_options().dtype().toScalarType();
   gathering_full_precision_ = purpose == UnshardFor::kFullPrecision && dtype != sharded_flat_.scalar_type();
-  const at::Tensor input = gathering_full_precision_ ? sharded_flat_ : sharded_flat_.to(dtype);
+  const at::Tensor input = gathering_full_precision_ ? sharded_flat_.to(compute_device_)
+                                                     : sharded_flat_.to(compute_options(), /*non_blocking=*/sharded_flat_.is_pinned());
   all_gather_output_ = at::empty({flat_.unsharded_numel()}, input.options());
   all_gather_work_ = all_gather_into_tensor(all_gather_output_, input, process_group_, /*async_op=*/true);
 }
@@ -217,10 +229,11 @@ void FSDPParamGroup::wait_for_unshard() {
 
 std::vector<at::Tensor> FSDPParamGroup::full_values() const {
   at::NoGradGuard no_grad;
-  at::Tensor gathered = sharded_flat_;
+  at::Tensor gathered = sharded_flat_.to(compute_device_);
   if (world_size_ > 1) {
-    gathered = at::empty({flat_.unsharded_numel()}, sharded_flat_.options());
-    all_gather_into_tensor(gathered, sharded_flat_, process_group_);
+    at::Tensor input = std::move(gathered);
+    gathered = at::empty({flat_.unsharded_numel()}, input.options());
+    all_gather_into_tensor(gathered, input, process_group_);
   }
   at::Tensor unsharded = at::empty_like(gathered);
   copy_out(params_, flat_, gathered, unsharded);
@@ -374,11 +387,11 @@ void FSDPParamGroup::finalize_backward() {
     at::Tensor shard = gradient_shard(params_, flat_, output, i);
     at::Tensor& grad = params_[i].param().mutable_grad();
     if (grad.defined() && grad.sizes() == shard.sizes()) {
-      grad.add_(shard);
+      grad.add_(shard.to(grad.device()));
     } else {
       // Its own storage (optimizers' zero_grad() detaches `.grad` in place, which a view
-      // forbids), in the sharded parameter's dtype.
-      grad = shard.to(sharded_flat_.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+      // forbids), in the sharded parameter's dtype and beside it (on the host under CPU offload).
+      grad = shard.to(sharded_flat_.options(), /*non_blocking=*/false, /*copy=*/true);
     }
   }
   release_storage(output);

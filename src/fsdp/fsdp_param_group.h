@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include <fsdpp/mixed_precision_policy.h>
+#include <fsdpp/offload_policy.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/reshard_policy.h>
 #include <fsdpp/sharded_tensor.h>
@@ -28,11 +29,18 @@ namespace fsdpp::detail {
 // shard), or summon_full_params (the parameters' own dtype, whatever the mixed-precision policy).
 enum class UnshardFor { kForward, kBackward, kFullPrecision };
 
+// What fully_shard's options say about one unit's memory and collectives.
+struct ParamGroupPolicies {
+  ReshardPolicy reshard_after_forward;
+  MixedPrecisionPolicy mp_policy;
+  OffloadPolicy offload_policy;
+};
+
 class FSDPParamGroup {
  public:
-  // The policies are checked by the caller.
+  // The policies are checked by the caller. The compute device is the parameters' device.
   FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group, std::string unit_name,
-                 ReshardPolicy reshard_after_forward = {}, const MixedPrecisionPolicy& mp_policy = {});
+                 const ParamGroupPolicies& policies = {});
   ~FSDPParamGroup();
   FSDPParamGroup(const FSDPParamGroup&) = delete;
   FSDPParamGroup& operator=(const FSDPParamGroup&) = delete;
@@ -97,8 +105,10 @@ class FSDPParamGroup {
   void bind_flat_buffers(const at::TensorOptions& options, bool initial);
   // Points the parameters' unsharded views into `flat` (the unsharded flat layout).
   void bind_unsharded(const at::Tensor& flat);
+  // The sharded flat buffer's options for `dtype`: on the host under CPU offload.
+  at::TensorOptions sharded_options(at::ScalarType dtype) const;
   // The dtypes of the unsharded parameters and of the reduce-scatter (the sharded parameters'
-  // dtype unless the mixed-precision policy names another).
+  // dtype unless the mixed-precision policy names another), on the compute device.
   at::TensorOptions compute_options() const;
   at::TensorOptions reduce_options() const;
   std::vector<ShardMetadata> flat_shards_metadata() const;
@@ -112,8 +122,10 @@ class FSDPParamGroup {
   int world_size_ = 1;
   std::vector<FSDPParam> params_;
   UnitFlatLayout flat_;
-  at::Tensor sharded_flat_;
-  at::Tensor unsharded_flat_;  // in the compute dtype
+  at::Device compute_device_ = at::kCPU;
+  OffloadPolicy offload_policy_;
+  at::Tensor sharded_flat_;    // on the host under CPU offload, else on the compute device
+  at::Tensor unsharded_flat_;  // in the compute dtype, on the compute device
   bool unsharded_ = false;
   std::optional<at::ScalarType> param_dtype_, reduce_dtype_;
   // summon_full_params under mixed precision: the gather is in the sharded dtype and the

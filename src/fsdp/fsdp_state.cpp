@@ -62,7 +62,7 @@ int64_t FSDPState::next_id() {
 }
 
 FSDPState::FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
-                     ReshardPolicy reshard_after_forward, const MixedPrecisionPolicy& mp_policy)
+                     const ParamGroupPolicies& policies)
     : id_(next_id()), name_(std::move(name)), process_group_(std::move(group)) {
   auto& r = registry();
   {
@@ -75,7 +75,7 @@ FSDPState::FSDPState(std::string name, std::vector<std::pair<std::string, at::Te
     }
   }
   if (!params.empty()) {
-    param_group_.emplace(params, process_group_, name_, reshard_after_forward, mp_policy);
+    param_group_.emplace(params, process_group_, name_, policies);
   }
   std::lock_guard<std::mutex> lock(r.mutex);
   for (auto& [fqn, p] : params) r.sharded[p.unsafeGetTensorImpl()] = name_;

@@ -32,7 +32,7 @@ struct FSDPRootContext {
 class FSDPState : public std::enable_shared_from_this<FSDPState> {
  public:
   FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
-            ReshardPolicy reshard_after_forward, const MixedPrecisionPolicy& mp_policy);
+            const ParamGroupPolicies& policies);
   ~FSDPState();
 
   // Autograd nodes find the state by id, so a graph that outlives the module is harmless.

@@ -1,0 +1,180 @@
+// FSDP2's CPUOffloadPolicy (seed 001's test_train_parity_multi_group_cpu_offload_eager): parity
+// with the single-process reference, the shards, their gradients and the optimizer state in
+// host memory, state dicts, offload together with mixed precision, and misuse. On these
+// CPU-only machines the compute device is the CPU too, so the copies to and from it are the
+// identity: what is tested is the semantics and the placement, not a transfer to a GPU.
+#include <fsdpp/error.h>
+#include <fsdpp/state_dict.h>
+#include <fsdpp/wrap_policy.h>
+
+#include "dist/fsdp_test_util.h"
+
+namespace fsdpp {
+namespace {
+
+class FullyShardCPUOffload : public testing::WorldSizeTest {};
+
+// Every tensor the optimizer keeps for the model's parameters (momentum, Adam's moments).
+std::vector<at::Tensor> optimizer_state_tensors(torch::optim::Optimizer& opt) {
+  std::vector<at::Tensor> out;
+  for (const auto& [key, state] : opt.state()) {
+    (void)key;
+    if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(state.get())) {
+      out.push_back(adam->exp_avg());
+      out.push_back(adam->exp_avg_sq());
+    } else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(state.get())) {
+      out.push_back(sgd->momentum_buffer());
+    }
+  }
+  return out;
+}
+
+// A few steps of make_multi_group under `options` on this rank's slice of a fixed batch;
+// returns the trained full parameters.
+std::vector<at::Tensor> train(RankContext& ctx, const FullyShardOptions& options, int steps, Optim optim,
+                              FSDPSequential* out = nullptr) {
+  torch::manual_seed(42);
+  FSDPSequential model(make_multi_group(true, options), options);
+  auto opt = make_optimizer(optim, model->parameters());
+  const int64_t local = kGlobalBatch / ctx.world_size;
+  for (int step = 0; step < steps; ++step) {
+    torch::manual_seed(1000 + step);
+    at::Tensor x = torch::randn({kGlobalBatch, 7}).narrow(0, ctx.rank * local, local);
+    opt->zero_grad();
+    model->forward(x).pow(2).mean().backward();
+    opt->step();
+  }
+  if (out) *out = model;
+  return full_params(*model);
+}
+
+TEST_P(FullyShardCPUOffload, TrainParityMultiGroupCpuOffloadEager) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    for (bool pin_memory : {true, false})
+      for (Optim optim : {Optim::kSGD, Optim::kAdam})
+        for (bool delay : {false, true}) {
+          const auto options =
+              FullyShardOptions().reshard_after_forward(true).offload_policy(CPUOffloadPolicy().pin_memory(pin_memory));
+          torch::manual_seed(42);
+          Sequential ref = make_multi_group(false, options);
+          torch::manual_seed(42);
+          FSDPSequential model(make_multi_group(true, options), options);
+          ParityCase c;
+          c.optim = optim;
+          c.delay = delay;
+          const std::string label = "pin_memory " + std::to_string(pin_memory) + " delay " + std::to_string(delay);
+          check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *model,
+                             [&](const at::Tensor& x) { return model->forward(x); }, 7, 3, c, label);
+          if (::testing::Test::HasFailure()) return;
+        }
+  });
+}
+
+// The shards, their `.grad` and the optimizer's state are host tensors; pinning is skipped
+// when the compute device is the CPU itself. Training matches the same model without offload
+// bit for bit (the same arithmetic in the same order).
+TEST_P(FullyShardCPUOffload, ShardsGradientsAndOptimizerStateOnTheHost) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    for (Optim optim : {Optim::kSGD, Optim::kAdam}) {
+      const auto offloaded = FullyShardOptions().offload_policy(CPUOffloadPolicy());
+      torch::manual_seed(42);
+      FSDPSequential model(make_multi_group(true, offloaded), offloaded);
+      auto opt = make_optimizer(optim, model->parameters());
+      torch::manual_seed(3);
+      model->forward(torch::randn({4, 7})).sum().backward();
+      opt->step();
+      for (const auto& p : model->named_parameters()) {
+        EXPECT_TRUE(p.value().device().is_cpu()) << p.key();
+        EXPECT_FALSE(p.value().is_pinned()) << p.key() << ": nothing to pin for on a CPU compute device";
+        ASSERT_TRUE(p.value().grad().defined()) << p.key();
+        EXPECT_TRUE(p.value().grad().device().is_cpu()) << p.key();
+        EXPECT_EQ(p.value().grad().sizes(), p.value().sizes()) << p.key() << ": the gradient is shard-shaped";
+      }
+      auto state = optimizer_state_tensors(*opt);
+      EXPECT_EQ(state.size(), model->parameters().size() * (optim == Optim::kAdam ? 2 : 1));
+      for (const auto& t : state) EXPECT_TRUE(t.device().is_cpu());
+
+      auto with = train(ctx, offloaded, 4, optim);
+      auto without = train(ctx, FullyShardOptions(), 4, optim);
+      for (size_t i = 0; i < with.size(); ++i)
+        EXPECT_TRUE(at::equal(with[i], without[i])) << name_of(optim) << " param " << i;
+    }
+  });
+}
+
+// Offload composes with mixed precision: the all-gather input is the bfloat16 cast, copied to
+// the compute device; the reduced float32 gradient lands on the host.
+TEST_P(FullyShardCPUOffload, WithMixedPrecision) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const auto mp = MixedPrecisionPolicy().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);
+    FSDPSequential model{nullptr};
+    auto with = train(ctx, FullyShardOptions().mp_policy(mp).offload_policy(CPUOffloadPolicy()), 3, Optim::kAdam, &model);
+    auto without = train(ctx, FullyShardOptions().mp_policy(mp), 3, Optim::kAdam);
+    for (size_t i = 0; i < with.size(); ++i) EXPECT_TRUE(at::equal(with[i], without[i])) << "param " << i;
+    for (const auto& p : model->parameters()) {
+      EXPECT_EQ(p.scalar_type(), at::kFloat);
+      EXPECT_EQ(p.grad().scalar_type(), at::kFloat);
+      EXPECT_TRUE(p.grad().device().is_cpu());
+    }
+  });
+}
+
+// FULL, SHARDED and LOCAL state dicts of an offloaded model hold the trained values and load
+// into a fresh offloaded model.
+TEST_P(FullyShardCPUOffload, StateDicts) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const auto options = FullyShardOptions().offload_policy(CPUOffloadPolicy());
+    FSDPSequential model{nullptr};
+    auto trained = train(ctx, options, 2, Optim::kSGD, &model);
+    for (StateDictType type : {StateDictType::FULL_STATE_DICT, StateDictType::SHARDED_STATE_DICT,
+                               StateDictType::LOCAL_STATE_DICT}) {
+      auto scope = state_dict_type(*model, type);
+      StateDict sd = state_dict(*model);
+      torch::manual_seed(7);
+      FSDPSequential fresh(make_multi_group(true, options), options);
+      auto fresh_scope = state_dict_type(*fresh, type);
+      load_state_dict(*fresh, sd);
+      auto loaded = full_params(*fresh);
+      for (size_t i = 0; i < trained.size(); ++i)
+        EXPECT_TRUE(at::equal(loaded[i], trained[i])) << to_string(type) << " param " << i;
+      for (const auto& p : fresh->parameters()) EXPECT_TRUE(p.device().is_cpu());
+    }
+  });
+}
+
+// A parameter on the meta device (a module not materialized): refused before anything changes,
+// naming the parameter, with or without offload.
+struct DeferredLinearImpl : torch::nn::Module {
+  DeferredLinearImpl() { weight = register_parameter("weight", at::empty({4, 4}, at::TensorOptions().device(at::kMeta))); }
+  at::Tensor forward(const at::Tensor& x) { return x.matmul(weight); }
+  at::Tensor weight;
+};
+TORCH_MODULE(DeferredLinear);
+
+TEST(FullyShardCPUOffloadErrors, ParameterOnTheMetaDeviceIsRefused) {
+  run_ranks(1, [](RankContext&) {
+    for (bool offload : {true, false}) {
+      Linear first(4, 4);
+      Sequential seq(first, DeferredLinear());
+      const at::Tensor before = first->weight.detach().clone();
+      auto options = FullyShardOptions().auto_wrap_policy(ModuleWrapPolicy<torch::nn::LinearImpl>());
+      if (offload) options.offload_policy(CPUOffloadPolicy());
+      try {
+        FSDPSequential unit(seq, options);
+        FAIL() << "accepted a meta-device parameter";
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("parameter '1.weight' is on the meta device"), std::string::npos) << what;
+        EXPECT_NE(what.find(offload ? "CPU offload needs" : "fully_shard needs"), std::string::npos) << what;
+      }
+      // Nothing was wrapped or sharded: the first element is the same Linear with its values.
+      EXPECT_EQ(seq->ptr(0).get(), static_cast<torch::nn::Module*>(first.get()));
+      EXPECT_TRUE(at::equal(first->weight, before));
+    }
+  });
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardCPUOffload);
+
+}  // namespace
+}  // namespace fsdpp
