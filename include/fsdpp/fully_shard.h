@@ -41,6 +41,7 @@
 #include <fsdpp/offload_policy.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/reshard_policy.h>
+#include <fsdpp/sharding_strategy.h>
 #include <fsdpp/sharded_tensor.h>
 #include <fsdpp/tensor_layout.h>
 
@@ -55,8 +56,12 @@ struct AutoWrapPolicy;
 struct FullyShardOptions {
   // The group the parameters are sharded across; empty means the default group.
   FullyShardOptions& process_group(ProcessGroup v) { process_group_ = std::move(v); return *this; }
-  // A 1-D mesh to shard across (its group); takes precedence over process_group.
+  // A 1-D mesh to shard across (its group), or a 2-D mesh (replicate, shard) for HSDP: shard
+  // across the last dimension, replicate across the first (FSDP2's mesh argument).
   FullyShardOptions& mesh(DeviceMesh v) { mesh_ = std::move(v); return *this; }
+  // FSDP1's sharding_strategy (<fsdpp/sharding_strategy.h>). Unset: FULL_SHARD, or HSDP with a
+  // 2-D mesh.
+  FullyShardOptions& sharding_strategy(ShardingStrategy v) { sharding_strategy_ = v; return *this; }
   // Free the gathered parameters after forward and gather them again for backward
   // (less memory, one more all-gather per step). Ignored by the root, which keeps them.
   FullyShardOptions& reshard_after_forward(bool v) {
@@ -106,6 +111,7 @@ struct FullyShardOptions {
 
   ProcessGroup process_group_;
   DeviceMesh mesh_;
+  std::optional<ShardingStrategy> sharding_strategy_;
   ReshardPolicy reshard_after_forward_;
   std::shared_ptr<const AutoWrapPolicy> auto_wrap_policy_;
   MixedPrecisionPolicy mp_policy_;

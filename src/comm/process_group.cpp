@@ -228,6 +228,21 @@ ProcessGroup consecutive_subgroup(const ProcessGroup& group, int k) {
   return g.consecutive_subgroups[k] = mine;
 }
 
+ProcessGroup strided_subgroup(const ProcessGroup& group, int k) {
+  const ProcessGroupImpl& g = group.impl();
+  std::lock_guard<std::mutex> lock(g.subgroups_mutex);
+  auto it = g.strided_subgroups.find(k);
+  if (it != g.strided_subgroups.end()) return it->second;
+  ProcessGroup mine;
+  for (int first = 0; first < std::min(k, g.size()); ++first) {
+    std::vector<int> ranks;
+    for (int i = first; i < g.size(); i += k) ranks.push_back(g.ranks[i]);
+    ProcessGroup sub = group.new_group(ranks);
+    if (sub.is_member()) mine = sub;
+  }
+  return g.strided_subgroups[k] = mine;
+}
+
 }  // namespace detail
 
 InitProcessGroupOptions& InitProcessGroupOptions::store(c10::intrusive_ptr<c10d::Store> v) {

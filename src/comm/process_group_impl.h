@@ -42,9 +42,9 @@ struct ProcessGroupImpl {
     return scratch_bytes.narrow(0, 0, bytes);
   }
 
-  // Subgroups of k consecutive ranks made from this group, by k: they live and die with it.
+  // Subgroups made from this group, by k: they live and die with it.
   mutable std::mutex subgroups_mutex;
-  mutable std::map<int, ProcessGroup> consecutive_subgroups;
+  mutable std::map<int, ProcessGroup> consecutive_subgroups, strided_subgroups;
 
   int size() const { return static_cast<int>(ranks.size()); }
   // "group world (rank 1 of 4)"
@@ -58,5 +58,9 @@ const ProcessGroupImpl& member_group(const class fsdpp::ProcessGroup& group, con
 // Collective over `group` the first time for a given k (every member makes all of them, in
 // the same order); cached on the group after.
 ProcessGroup consecutive_subgroup(const ProcessGroup& group, int k);
+// This rank's subgroup of the group ranks congruent modulo k (ranks {j, j + k, j + 2k, ...}): the
+// members with the same place in every consecutive_subgroup(group, k) (HSDP's replicate groups).
+// Collective and cached as consecutive_subgroup.
+ProcessGroup strided_subgroup(const ProcessGroup& group, int k);
 
 }  // namespace fsdpp::detail

@@ -11,25 +11,11 @@
 #include "fsdp/auto_wrap.h"
 #include "fsdp/fsdp_state.h"
 #include "fsdp/ignored_params.h"
+#include "fsdp/unit_groups.h"
 
 namespace fsdpp {
 
 namespace {
-
-ProcessGroup shard_group_of(const FullyShardOptions& options, const std::string& unit) {
-  if (options.mesh_.defined()) {
-    if (options.mesh_.ndim() != 1)
-      throw Error("fully_shard of " + unit + ": a " + std::to_string(options.mesh_.ndim()) +
-                  "-D mesh (HSDP) is not supported yet; pass a 1-D mesh");
-    ProcessGroup mesh_group = options.mesh_.get_group();
-    if (options.process_group_.defined() && options.process_group_.ranks() != mesh_group.ranks())
-      throw Error("fully_shard of " + unit + ": the mesh's group (" + mesh_group.name() +
-                  ") and process_group (" + options.process_group_.name() + ") differ; pass one of them");
-    return mesh_group;
-  }
-  if (options.process_group_.defined()) return options.process_group_;
-  return default_group();
-}
 
 // A floating-point tensor in `dtype` (mixed precision's input and output casts); others as they are.
 void cast_floating(at::Tensor& t, at::ScalarType dtype) {
@@ -67,8 +53,13 @@ FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOpti
   register_module("_fsdp_wrapped_module", module_);
   // Every option is checked before anything in the module changes.
   const std::string unit = module_->name();
-  ProcessGroup group = shard_group_of(options_, unit);
-  options_.reshard_after_forward_.check(group.size(), unit, group.name());
+  detail::UnitGroups groups = detail::unit_groups(options_, unit);
+  // FSDP1's strategies that keep the gathered parameters from forward to backward (NO_SHARD's
+  // "gather" is a copy within a one-rank group).
+  const auto strategy = options_.sharding_strategy_;
+  if (strategy == ShardingStrategy::SHARD_GRAD_OP || strategy == ShardingStrategy::NO_SHARD)
+    options_.reshard_after_forward_ = false;
+  options_.reshard_after_forward_.check(groups.shard.size(), unit, groups.shard.name());
   options_.mp_policy_.check(unit);
   const auto ignored = detail::ignored_parameters(*module_, options_, unit);
   check_parameter_devices(*module_, ignored, options_, unit);
@@ -79,7 +70,7 @@ FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOpti
                               [&](const auto& p) { return ignored.count(p.second.unsafeGetTensorImpl()) > 0; }),
                params.end());
   state_ = std::make_shared<detail::FSDPState>(
-      unit, std::move(params), std::move(group),
+      unit, std::move(params), std::move(groups),
       detail::ParamGroupPolicies{options_.reshard_after_forward_, options_.mp_policy_, options_.offload_policy_});
   state_->register_self();
 }

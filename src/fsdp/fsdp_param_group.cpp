@@ -15,10 +15,11 @@
 
 namespace fsdpp::detail {
 
-FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
+FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, UnitGroups groups,
                                std::string unit_name, const ParamGroupPolicies& policies)
     : unit_name_(std::move(unit_name)),
-      process_group_(std::move(group)),
+      process_group_(std::move(groups.shard)),
+      replicate_group_(groups.replicated() ? std::move(groups.replicate) : ProcessGroup()),
       offload_policy_(policies.offload_policy),
       param_dtype_(policies.mp_policy.param_dtype_),
       reduce_dtype_(policies.mp_policy.reduce_dtype_),
@@ -67,11 +68,14 @@ void FSDPParamGroup::check_same_on_all_ranks() {
     description += one.str();
   }
   const int64_t h = static_cast<int64_t>(std::hash<std::string>{}(description) >> 1);
-  at::Tensor t = at::tensor(std::vector<int64_t>{h, -h}, at::kLong);
-  all_reduce(t, ReduceOp::MAX, process_group_);
-  if (t[0].item<int64_t>() != h || t[1].item<int64_t>() != -h)
-    throw Error("fully_shard of " + unit_name_ + ": the ranks' models differ; rank " + std::to_string(process_group_.rank()) +
-                " of group " + process_group_.name() + " has " + description + "build the same model on every rank");
+  for (const ProcessGroup* group : {&process_group_, &replicate_group_}) {
+    if (!group->defined()) continue;
+    at::Tensor t = at::tensor(std::vector<int64_t>{h, -h}, at::kLong);
+    all_reduce(t, ReduceOp::MAX, *group);
+    if (t[0].item<int64_t>() != h || t[1].item<int64_t>() != -h)
+      throw Error("fully_shard of " + unit_name_ + ": the ranks' models differ; rank " + std::to_string(group->rank()) +
+                  " of group " + group->name() + " has " + description + "build the same model on every rank");
+  }
 }
 
 void FSDPParamGroup::bind_flat_buffers(const at::TensorOptions& options, bool initial) {
@@ -381,6 +385,8 @@ void FSDPParamGroup::finalize_backward() {
   work.wait();
   release_storage(reduce_scatter_input_);
   reduce_scatter_input_ = at::Tensor();
+  // HSDP: the shard-group average, averaged across the replicas (the shard-sized output only).
+  if (replicate_group_.defined()) all_reduce(output, ReduceOp::AVG, replicate_group_);
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!had_grad_[i]) continue;

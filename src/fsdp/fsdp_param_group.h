@@ -22,6 +22,7 @@
 
 #include "fsdp/fsdp_collectives.h"
 #include "fsdp/fsdp_param.h"
+#include "fsdp/unit_groups.h"
 
 namespace fsdpp::detail {
 
@@ -39,7 +40,9 @@ struct ParamGroupPolicies {
 class FSDPParamGroup {
  public:
   // The policies are checked by the caller. The compute device is the parameters' device.
-  FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group, std::string unit_name,
+  // Parameters are sharded across groups.shard; under HSDP each reduced gradient shard is then
+  // averaged across groups.replicate.
+  FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, UnitGroups groups, std::string unit_name,
                  const ParamGroupPolicies& policies = {});
   ~FSDPParamGroup();
   FSDPParamGroup(const FSDPParamGroup&) = delete;
@@ -72,8 +75,12 @@ class FSDPParamGroup {
   bool post_backward();
   // Waits for the reduce-scatter and writes (or adds) each parameter's gradient shard.
   void finalize_backward();
-  // In flight and finished on the wire: finalize_backward() will not block.
-  bool reduce_scatter_done() const { return reduce_scatter_output_.defined() && reduce_scatter_work_.is_completed(); }
+  // In flight and finished on the wire: finalize_backward() will not block. Never under HSDP:
+  // there finalize_backward() starts the replicate all-reduce, which every rank must start in
+  // the same order, so it runs only where the order does not depend on timing.
+  bool reduce_scatter_done() const {
+    return !replicate_group_.defined() && reduce_scatter_output_.defined() && reduce_scatter_work_.is_completed();
+  }
 
   // Off: post_backward keeps the full gradients (summed over backwards) instead of
   // reduce-scattering them; the next post_backward with it on reduces the sum.
@@ -117,7 +124,8 @@ class FSDPParamGroup {
   void drop_post_forward_shard();
 
   std::string unit_name_;
-  ProcessGroup process_group_;
+  ProcessGroup process_group_;    // the shard group
+  ProcessGroup replicate_group_;  // HSDP: defined, of more than one rank
   int rank_ = 0;
   int world_size_ = 1;
   std::vector<FSDPParam> params_;

@@ -61,9 +61,9 @@ int64_t FSDPState::next_id() {
   return next++;
 }
 
-FSDPState::FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
+FSDPState::FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, UnitGroups groups,
                      const ParamGroupPolicies& policies)
-    : id_(next_id()), name_(std::move(name)), process_group_(std::move(group)) {
+    : id_(next_id()), name_(std::move(name)), process_group_(groups.shard) {
   auto& r = registry();
   {
     std::lock_guard<std::mutex> lock(r.mutex);
@@ -75,7 +75,7 @@ FSDPState::FSDPState(std::string name, std::vector<std::pair<std::string, at::Te
     }
   }
   if (!params.empty()) {
-    param_group_.emplace(params, process_group_, name_, policies);
+    param_group_.emplace(params, std::move(groups), name_, policies);
   }
   std::lock_guard<std::mutex> lock(r.mutex);
   for (auto& [fqn, p] : params) r.sharded[p.unsafeGetTensorImpl()] = name_;

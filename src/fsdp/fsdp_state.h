@@ -31,7 +31,7 @@ struct FSDPRootContext {
 
 class FSDPState : public std::enable_shared_from_this<FSDPState> {
  public:
-  FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroup group,
+  FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, UnitGroups groups,
             const ParamGroupPolicies& policies);
   ~FSDPState();
 

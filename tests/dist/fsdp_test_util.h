@@ -71,6 +71,17 @@ inline Sequential make_multi_group(bool wrap, const FullyShardOptions& options) 
   return Sequential(FSDPLinear(l1, options), ReLU(), FSDPLinear(l2, options), ReLU(), l3);
 }
 
+// The seeds' MLP: in_proj, relu, out_proj.
+struct MLPImpl : torch::nn::Module {
+  MLPImpl(int64_t dim, int64_t hidden) {
+    in_proj = register_module("in_proj", Linear(dim, hidden));
+    out_proj = register_module("out_proj", Linear(hidden, dim));
+  }
+  at::Tensor forward(const at::Tensor& x) { return out_proj->forward(torch::relu(in_proj->forward(x))); }
+  Linear in_proj{nullptr}, out_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
 enum class Optim { kSGD, kAdam };
 inline const char* name_of(Optim o) { return o == Optim::kSGD ? "SGD" : "Adam"; }
 

@@ -330,17 +330,6 @@ TEST_P(FullyShardGradientAccumulation, NoSyncNoReshardAfterBackward) {
 // Non-root forward/backward and a unit used twice in one forward (seed 001's
 // test_non_root_forward_backward and test_multi_forward_module).
 
-// The seed's MLP: in_proj, relu, out_proj.
-struct MLPImpl : torch::nn::Module {
-  explicit MLPImpl(int64_t dim) {
-    in_proj = register_module("in_proj", Linear(dim, 9));
-    out_proj = register_module("out_proj", Linear(9, dim));
-  }
-  at::Tensor forward(const at::Tensor& x) { return out_proj->forward(torch::relu(in_proj->forward(x))); }
-  Linear in_proj{nullptr}, out_proj{nullptr};
-};
-TORCH_MODULE(MLP);
-
 TEST_P(FullyShard1DTrainingCore, NonRootForwardBackward) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     const int n = ctx.world_size, rank = ctx.rank;
@@ -349,7 +338,7 @@ TEST_P(FullyShard1DTrainingCore, NonRootForwardBackward) {
       torch::manual_seed(42);
       Sequential seq;
       for (int i = 0; i < 3; ++i) {
-        MLP mlp(5);
+        MLP mlp(5, 9);
         if (wrap)
           seq->push_back(FullyShardedDataParallel<MLPImpl>(mlp));
         else

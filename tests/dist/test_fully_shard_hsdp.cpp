@@ -1,0 +1,375 @@
+// HSDP (seed 001's TestFullyShardHSDPTraining) and FSDP1's sharding strategies (NO_SHARD,
+// SHARD_GRAD_OP, HYBRID_SHARD; seed 002's mixed sharding): parity with DDP on the same data,
+// the collectives and bytes of a step, state dicts and checkpoints across layouts, misuse.
+#include <fsdpp/activation_checkpointing.h>
+#include <fsdpp/checkpoint.h>
+#include <fsdpp/comm_debug_mode.h>
+#include <fsdpp/distributed_data_parallel.h>
+#include <fsdpp/error.h>
+#include <fsdpp/state_dict.h>
+
+#include "dist/fsdp_test_util.h"
+
+namespace fsdpp {
+namespace {
+
+namespace ckpt = fsdpp::checkpoint;
+
+// The seed's model: a LayerNorm (in the root) and three MLPs, each its own unit.
+struct HSDPCase {
+  bool reshard_after_forward = true;
+  bool activation_checkpointing = false;
+  int64_t mlp_dim = 16;
+  bool sync_gradients_at_last_batch = true;
+};
+
+std::string describe(const HSDPCase& c) {
+  return "reshard_after_forward " + std::to_string(c.reshard_after_forward) + " ac " +
+         std::to_string(c.activation_checkpointing) + " mlp_dim " + std::to_string(c.mlp_dim) + " sync_at_last " +
+         std::to_string(c.sync_gradients_at_last_batch);
+}
+
+Sequential make_plain(int64_t dim) {
+  torch::manual_seed(42);
+  return Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})), MLP(dim, 3 * dim), MLP(dim, 4 * dim),
+                    MLP(dim, 3 * dim));
+}
+
+// make_plain's model with each MLP a unit (checkpointed inside it when asked) and the root.
+FSDPSequential make_sharded(int64_t dim, const FullyShardOptions& options, bool activation_checkpointing) {
+  Sequential plain = make_plain(dim);
+  Sequential seq;
+  seq->push_back(plain->ptr<torch::nn::LayerNormImpl>(0));
+  for (size_t i = 1; i < plain->size(); ++i) {
+    auto mlp = plain->ptr<MLPImpl>(i);
+    if (activation_checkpointing)
+      seq->push_back(fully_shard(checkpoint_wrapper(mlp), options));
+    else
+      seq->push_back(fully_shard(mlp, options));
+  }
+  return FSDPSequential(seq, options);
+}
+
+// Trains the HSDP model and DDP (on the world group, the reference) on the same per-rank data:
+// 5 iterations of 3 microbatches, gradient sync only at the last microbatch when asked. Losses,
+// gradient shards and parameter shards match the reference's rows of this rank's shard.
+void check_parity_with_ddp(RankContext& ctx, const FullyShardOptions& options, int shard_size, const HSDPCase& c) {
+  const std::string label = describe(c);
+  const int shard_rank = ctx.rank % shard_size;
+  auto ref_module = make_plain(c.mlp_dim);
+  auto ref = replicate(ref_module);
+  FSDPSequential model =
+      make_sharded(c.mlp_dim, FullyShardOptions(options).reshard_after_forward(c.reshard_after_forward),
+                   c.activation_checkpointing);
+  auto ref_params = ref_module->parameters();
+  auto params = model->parameters();
+  ASSERT_EQ(params.size(), ref_params.size());
+  auto check_shards = [&](const std::string& where, bool grads) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& expected = grads ? ref_params[i].grad() : ref_params[i];
+      const at::Tensor& actual = grads ? params[i].grad() : params[i];
+      expect_close(actual.detach(), shard_rows(expected.detach(), shard_rank, shard_size),
+                   where + (grads ? " grad " : " param ") + std::to_string(i));
+    }
+  };
+  check_shards(label + " init", false);
+  torch::optim::Adam ref_opt(ref_params, 1e-2), opt(params, 1e-2);
+  torch::manual_seed(42 + ctx.rank + 1);
+  for (int iter = 0; iter < 5; ++iter) {
+    const std::string where = label + " iter " + std::to_string(iter);
+    for (int micro = 0; micro < 3; ++micro) {
+      if (c.sync_gradients_at_last_batch) model->set_requires_gradient_sync(micro == 2);
+      at::Tensor x = torch::randn({8, c.mlp_dim});
+      at::Tensor ref_loss = ref.forward(x).sum();
+      ref_loss.backward();
+      at::Tensor loss = model->forward(x).sum();
+      loss.backward();
+      EXPECT_TRUE(at::allclose(loss, ref_loss, 1e-5, 1e-4)) << where << " micro " << micro << ": " << loss.item<float>()
+                                                           << " vs " << ref_loss.item<float>();
+    }
+    check_shards(where, true);
+    ref_opt.step();
+    opt.step();
+    for (auto* o : std::initializer_list<torch::optim::Optimizer*>{&ref_opt, &opt}) {
+      if (iter % 2 == 0) {
+        for (auto& p : o->parameters()) p.mutable_grad().reset();
+      } else {
+        o->zero_grad();
+      }
+    }
+    check_shards(where, false);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+std::vector<HSDPCase> seed_sweep() {
+  std::vector<HSDPCase> cases;
+  for (bool raf : {false, true})
+    for (bool ac : {false, true})
+      for (int64_t dim : {3, 16, 17})
+        for (bool sync_last : {true, false}) cases.push_back({raf, ac, dim, sync_last});
+  return cases;
+}
+
+DeviceMesh hsdp_mesh(RankContext& ctx, int replicate_size, int shard_size) {
+  return init_device_mesh(ctx.world, {replicate_size, shard_size}, {"replicate", "shard"});
+}
+
+// test_train_parity_hsdp at world size 4: a 2 x 2 mesh.
+TEST(FullyShardHSDP, TrainParityHsdp2x2) {
+  run_ranks(4, [](RankContext& ctx) {
+    const auto options = FullyShardOptions().mesh(hsdp_mesh(ctx, 2, 2));
+    for (const auto& c : seed_sweep()) {
+      check_parity_with_ddp(ctx, options, 2, c);
+      if (::testing::Test::HasFailure()) return;
+    }
+  });
+}
+
+// At world size 2: replicate only (2 x 1) and shard only (1 x 2).
+TEST(FullyShardHSDP, TrainParityHsdp2x1And1x2) {
+  run_ranks(2, [](RankContext& ctx) {
+    for (int shard_size : {1, 2}) {
+      const auto options = FullyShardOptions().mesh(hsdp_mesh(ctx, 2 / shard_size, shard_size));
+      for (const auto& c : seed_sweep()) {
+        check_parity_with_ddp(ctx, options, shard_size, c);
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+  });
+}
+
+// One step on the 2 x 2 mesh: each unit all-gathers and reduce-scatters within its shard group
+// ((S - 1) / S of its padded size per rank) and all-reduces only its gradient shard across the
+// replicate group: summed over the ranks, 2 (R - 1) x the shard bytes per replicate group, so
+// on average 2 (R - 1) / R x Psi / S per rank. Without gradient sync nothing is reduced.
+TEST(FullyShardHSDP, CollectivesAndBytesOfAStep) {
+  run_ranks(4, [](RankContext& ctx) {
+    const int64_t dim = 16;
+    const auto options = FullyShardOptions().mesh(hsdp_mesh(ctx, 2, 2)).reshard_after_forward(false);
+    FSDPSequential model = make_sharded(dim, options, false);
+    auto units = fsdp_units(*model);
+    ASSERT_EQ(units.size(), 4u);
+    int64_t padded = 0;
+    for (auto* u : units) padded += u->unsharded_padded_numel();
+    const int64_t shard_bytes = padded / 2 * 4;
+
+    model->set_requires_gradient_sync(false);
+    {
+      CommDebugMode comm;
+      model->forward(torch::randn({8, dim})).sum().backward();
+      EXPECT_EQ(comm.count("reduce_scatter_tensor"), 0);
+      EXPECT_EQ(comm.count("all_reduce"), 0);
+      EXPECT_EQ(comm.count("all_gather_into_tensor"), 4);
+    }
+    // A backward without sync still reshards (reshard_after_backward): the next forward gathers again.
+    model->set_requires_gradient_sync(true);
+    CommDebugMode comm;
+    model->forward(torch::randn({8, dim})).sum().backward();
+    EXPECT_EQ(comm.count("all_gather_into_tensor"), 4);
+    EXPECT_EQ(comm.bytes_sent("all_gather_into_tensor"), shard_bytes) << "(S - 1) / S of each unit";
+    EXPECT_EQ(comm.count("reduce_scatter_tensor"), 4);
+    EXPECT_EQ(comm.count("all_reduce"), 4);
+    EXPECT_EQ(comm.bytes_sent("reduce_scatter_tensor"), shard_bytes) << "(S - 1) / S of each unit";
+    at::Tensor all_reduce_bytes = at::tensor({comm.bytes_sent("all_reduce")}, at::kLong);
+    all_reduce(all_reduce_bytes, ReduceOp::SUM, ctx.world);
+    EXPECT_EQ(all_reduce_bytes.item<int64_t>(), 2 * 2 * shard_bytes) << "two replicate groups, 2 (R - 1) x shard each";
+  });
+}
+
+// FULL state dicts of an HSDP model hold the plain model's keys and values; a SHARDED
+// checkpoint saved by the 2 x 2 model (each shard written once though held twice) loads into
+// 1-D FSDP over all four ranks and into the plain model.
+TEST(FullyShardHSDP, StateDictsAndCheckpointAcrossLayouts) {
+  run_ranks(4, [](RankContext& ctx) {
+    const int64_t dim = 17;
+    FSDPSequential model = make_sharded(dim, FullyShardOptions().mesh(hsdp_mesh(ctx, 2, 2)), false);
+    torch::optim::Adam opt(model->parameters(), 1e-2);
+    torch::manual_seed(5);  // the same data on every rank: the replicas agree anyway
+    model->forward(torch::randn({8, dim})).sum().backward();
+    opt.step();
+    auto trained = full_params(*model);
+
+    StateDict full = get_model_state_dict(*model, StateDictOptions().full_state_dict(true));
+    Sequential plain = make_plain(dim);
+    ASSERT_EQ(full.size(), plain->named_parameters().size() + plain->named_buffers().size());
+    size_t i = 0;
+    for (const auto& p : plain->named_parameters()) {
+      ASSERT_TRUE(full.contains(p.key())) << p.key();
+      EXPECT_TRUE(at::equal(full.at(p.key()).tensor(), trained[i++])) << p.key();
+    }
+
+    const std::string dir = ctx.temp_dir + "/hsdp";
+    ckpt::save(get_model_state_dict(*model), dir);
+    FSDPSequential flat = make_sharded(dim, FullyShardOptions(), false);
+    StateDict sd = get_model_state_dict(*flat);
+    ckpt::load(sd, dir);
+    set_model_state_dict(*flat, sd);
+    auto loaded = full_params(*flat);
+    for (size_t k = 0; k < trained.size(); ++k) EXPECT_TRUE(at::equal(loaded[k], trained[k])) << "1-D param " << k;
+
+    StateDict plain_sd = get_model_state_dict(*plain);
+    ckpt::load(plain_sd, dir);
+    set_model_state_dict(*plain, plain_sd);
+    auto plain_params = plain->parameters();
+    for (size_t k = 0; k < trained.size(); ++k)
+      EXPECT_TRUE(at::equal(plain_params[k], trained[k])) << "plain param " << k;
+  });
+}
+
+class FullyShardShardingStrategy : public testing::WorldSizeTest {};
+
+// NO_SHARD: every rank holds the whole parameters and gradients are all-reduced: DDP's
+// results, at every world size.
+TEST_P(FullyShardShardingStrategy, NoShardTrainsAsDDP) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const auto options = FullyShardOptions().sharding_strategy(ShardingStrategy::NO_SHARD);
+    for (bool sync_last : {true, false}) {
+      HSDPCase c;
+      c.sync_gradients_at_last_batch = sync_last;
+      c.mlp_dim = 17;
+      check_parity_with_ddp(ctx, options, 1, c);
+    }
+    FSDPSequential model = make_sharded(5, options, false);
+    const auto plain = make_plain(5)->parameters();
+    auto params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].sizes(), plain[i].sizes()) << "whole on every rank";
+    CommDebugMode comm;
+    model->forward(torch::randn({4, 5})).sum().backward();
+    EXPECT_EQ(comm.count("all_reduce"), ctx.world_size > 1 ? 4 : 0);
+    EXPECT_EQ(comm.bytes_sent("all_gather_into_tensor"), 0);
+    EXPECT_EQ(comm.bytes_sent("reduce_scatter_tensor"), 0);
+  });
+}
+
+// SHARD_GRAD_OP: FULL_SHARD without the all-gathers of backward.
+TEST_P(FullyShardShardingStrategy, ShardGradOpKeepsParametersFromForwardToBackward) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const auto options = FullyShardOptions().sharding_strategy(ShardingStrategy::SHARD_GRAD_OP);
+    HSDPCase c;
+    c.reshard_after_forward = true;  // overridden by the strategy
+    check_parity_with_ddp(ctx, FullyShardOptions(options), ctx.world_size, c);
+    FSDPSequential model = make_sharded(16, options, false);
+    CommDebugMode comm;
+    model->forward(torch::randn({4, 16})).sum().backward();
+    EXPECT_EQ(comm.count("all_gather_into_tensor"), 4) << "forward only";
+    EXPECT_EQ(comm.count("reduce_scatter_tensor"), 4);
+  });
+}
+
+// HYBRID_SHARD without a mesh: nodes of LOCAL_WORLD_SIZE consecutive ranks, the same training
+// as the (2, 2) mesh bit for bit.
+TEST(FullyShardShardingStrategyHybrid, HybridShardShardsWithinNodes) {
+  testing::RunOptions run;
+  run.env = {"LOCAL_WORLD_SIZE=2"};
+  run_ranks(
+      4,
+      [](RankContext& ctx) {
+        const auto hybrid = FullyShardOptions().sharding_strategy(ShardingStrategy::HYBRID_SHARD);
+        HSDPCase c;
+        c.mlp_dim = 3;
+        check_parity_with_ddp(ctx, hybrid, 2, c);
+        auto train = [&](const FullyShardOptions& options) {
+          FSDPSequential model = make_sharded(16, options, false);
+          torch::optim::SGD opt(model->parameters(), 0.1);
+          torch::manual_seed(9 + ctx.rank);
+          for (int i = 0; i < 3; ++i) {
+            opt.zero_grad();
+            model->forward(torch::randn({4, 16})).sum().backward();
+            opt.step();
+          }
+          EXPECT_EQ(model->parameters()[0].size(0), 8) << "16 rows over 2 ranks";
+          return full_params(*model);
+        };
+        auto by_node = train(hybrid);
+        auto by_mesh = train(FullyShardOptions().mesh(hsdp_mesh(ctx, 2, 2)));
+        for (size_t i = 0; i < by_node.size(); ++i) EXPECT_TRUE(at::equal(by_node[i], by_mesh[i])) << i;
+      },
+      run);
+}
+
+// Seed 002's test_full_state_dict_save_load_mixed_sharding: NO_SHARD units inside a sharded
+// root; the full state dict equals the plain model's and loads back.
+TEST_P(FullyShardShardingStrategy, FullStateDictSaveLoadMixedSharding) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int64_t dim = 7;
+    Sequential plain = make_plain(dim);
+    auto build = [&] {
+      Sequential p = make_plain(dim);
+      Sequential seq;
+      seq->push_back(p->ptr<torch::nn::LayerNormImpl>(0));
+      for (size_t i = 1; i < p->size(); ++i) {
+        auto strategy = i == 2 ? ShardingStrategy::FULL_SHARD : ShardingStrategy::NO_SHARD;
+        seq->push_back(fully_shard(p->ptr<MLPImpl>(i), FullyShardOptions().sharding_strategy(strategy)));
+      }
+      return FSDPSequential(seq);
+    };
+    FSDPSequential model = build();
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    torch::manual_seed(11);
+    model->forward(torch::randn({4, dim})).pow(2).sum().backward();
+    opt.step();
+    StateDict full = get_model_state_dict(*model, StateDictOptions().full_state_dict(true));
+    auto trained = full_params(*model);
+    size_t i = 0;
+    for (const auto& p : plain->named_parameters()) EXPECT_TRUE(at::equal(full.at(p.key()).tensor(), trained[i++])) << p.key();
+    set_model_state_dict(*plain, full);
+    FSDPSequential fresh = build();
+    set_model_state_dict(*fresh, get_model_state_dict(*plain));
+    auto loaded = full_params(*fresh);
+    for (size_t k = 0; k < trained.size(); ++k) EXPECT_TRUE(at::equal(loaded[k], trained[k])) << k;
+  });
+}
+
+TEST(FullyShardHSDPErrors, MeshesAndStrategiesThatDisagreeAreRefused) {
+  run_ranks(4, [](RankContext& ctx) {
+    auto refused = [&](const FullyShardOptions& options, const std::string& expected) {
+      Sequential plain = make_plain(4);
+      try {
+        FSDPSequential model(plain, options);
+        ADD_FAILURE() << "accepted; expected: " << expected;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+      }
+    };
+    DeviceMesh three = init_device_mesh(ctx.world, {1, 2, 2}, {"pp", "replicate", "shard"});
+    refused(FullyShardOptions().mesh(three), "a 3-D mesh is not supported");
+    DeviceMesh two = hsdp_mesh(ctx, 2, 2);
+    refused(FullyShardOptions().mesh(two).sharding_strategy(ShardingStrategy::NO_SHARD),
+            "sharding_strategy NO_SHARD shards across one dimension, but the mesh has 2");
+    refused(FullyShardOptions().mesh(two).process_group(ctx.world), "pass a 2-D mesh or a process_group, not both");
+    refused(FullyShardOptions().mesh(init_device_mesh(ctx.world, {4})).sharding_strategy(ShardingStrategy::HYBRID_SHARD),
+            "HYBRID_SHARD needs a 2-D mesh");
+    try {
+      init_device_mesh(ctx.world, {3, 2});
+      ADD_FAILURE() << "a 3 x 2 mesh over 4 ranks was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("a mesh of 6 ranks does not match group world of size 4"), std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+TEST(FullyShardHSDPErrors, HybridShardNeedsANodeSizeThatDividesTheGroup) {
+  testing::RunOptions run;
+  run.env = {"LOCAL_WORLD_SIZE=3"};
+  run_ranks(
+      4,
+      [](RankContext&) {
+        Sequential plain = make_plain(4);
+        try {
+          FSDPSequential model(plain, FullyShardOptions().sharding_strategy(ShardingStrategy::HYBRID_SHARD));
+          FAIL() << "accepted";
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("LOCAL_WORLD_SIZE = 3 ranks, which does not divide group"),
+                    std::string::npos)
+              << e.what();
+        }
+      },
+      run);
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardShardingStrategy);
+
+}  // namespace
+}  // namespace fsdpp
