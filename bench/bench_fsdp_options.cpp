@@ -1,9 +1,9 @@
 // FSDP's training options on bench_fsdp's transformer, each against plain float32 FSDP in the
 // same run (rounds alternate the variants, so a noisy machine shifts them alike):
-//  - mixed precision (bf16 compute with float32 or bf16 reduction) and activation
-//    checkpointing of every block: all-gather and reduce-scatter bytes per step
-//    (CommDebugMode), median step time, peak tensor memory of a step above what is held
-//    between steps.
+//  - mixed precision (bf16 compute with float32 or bf16 reduction), activation checkpointing
+//    of every block and, at an even N >= 4, HSDP on an (N/2, 2) mesh: all-gather,
+//    reduce-scatter and all-reduce bytes per step (CommDebugMode), median step time, peak
+//    tensor memory of a step above what is held between steps.
 //   fsdpp-run --nproc-per-node 2 bench_fsdp_options --layers 4 --dim 256
 #include <cstdio>
 #include <string>
@@ -33,7 +33,7 @@ struct Variant {
 };
 
 struct Result {
-  double all_gather_bytes = 0, reduce_scatter_bytes = 0, transient_peak = 0;
+  double all_gather_bytes = 0, reduce_scatter_bytes = 0, all_reduce_bytes = 0, transient_peak = 0;
   std::vector<double> times;
 };
 
@@ -71,10 +71,13 @@ int main(int argc, char** argv) {
   // FSDP around each checkpoint-wrapped block.
   const auto checkpointed_blocks = fsdpp::FullyShardOptions().auto_wrap_policy(
       fsdpp::ModuleWrapPolicy<fsdpp::CheckpointWrapperImpl<TransformerBlockImpl>>());
-  const std::vector<Variant> variants{{"fp32", blocks},
-                                      {"bf16 compute, fp32 reduce", with_mp(at::kFloat)},
-                                      {"bf16 compute, bf16 reduce", with_mp(at::kBFloat16)},
-                                      {"fp32, blocks checkpointed", checkpointed_blocks, true}};
+  std::vector<Variant> variants{{"fp32", blocks},
+                                {"bf16 compute, fp32 reduce", with_mp(at::kFloat)},
+                                {"bf16 compute, bf16 reduce", with_mp(at::kBFloat16)},
+                                {"fp32, blocks checkpointed", checkpointed_blocks, true}};
+  if (n >= 4 && n % 2 == 0)
+    variants.push_back({"fp32, HSDP (N/2 x 2)",
+                        fsdpp::FullyShardOptions(blocks).mesh(fsdpp::init_device_mesh(world, {n / 2, 2}))});
   std::vector<Result> results(variants.size());
   for (int round = 0; round < rounds; ++round)
     for (size_t v = 0; v < variants.size(); ++v) {
@@ -99,6 +102,7 @@ int main(int argc, char** argv) {
         r.transient_peak = fsdpp::memory_stats().peak_bytes - base;
         r.all_gather_bytes = comm.bytes_sent("all_gather_into_tensor");
         r.reduce_scatter_bytes = comm.bytes_sent("reduce_scatter_tensor");
+        r.all_reduce_bytes = comm.bytes_sent("all_reduce");
       }
       r.times.push_back(fsdpp::bench::median_step(step, warmup, steps, &world));
     }
@@ -109,10 +113,10 @@ int main(int argc, char** argv) {
     const Result& base = results[0];
     for (size_t v = 0; v < variants.size(); ++v) {
       const Result& r = results[v];
-      std::printf("%-28s all-gather %.3f MiB (%.3fx), reduce-scatter %.3f MiB (%.3fx), step peak above held %.3f MiB (%.3fx)\n",
+      std::printf("%-28s all-gather %.3f MiB (%.3fx), reduce-scatter %.3f MiB (%.3fx), all-reduce %.3f MiB, step peak above held %.3f MiB (%.3fx)\n",
                   variants[v].name.c_str(), mib(r.all_gather_bytes), r.all_gather_bytes / base.all_gather_bytes,
-                  mib(r.reduce_scatter_bytes), r.reduce_scatter_bytes / base.reduce_scatter_bytes, mib(r.transient_peak),
-                  r.transient_peak / base.transient_peak);
+                  mib(r.reduce_scatter_bytes), r.reduce_scatter_bytes / base.reduce_scatter_bytes,
+                  mib(r.all_reduce_bytes), mib(r.transient_peak), r.transient_peak / base.transient_peak);
       std::printf("%-28s step ms per round:", "");
       for (size_t i = 0; i < r.times.size(); ++i)
         std::printf(" %.2f (%.3fx)", r.times[i] * 1e3, r.times[i] / base.times[i]);

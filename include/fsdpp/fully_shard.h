@@ -162,6 +162,10 @@ class FSDPModule : public torch::nn::Module {
   // accumulation without communication, like DDP's no_sync). Applies to this unit and, with
   // recurse, to the units inside it.
   void set_requires_gradient_sync(bool value, bool recurse = true);
+  // HSDP only (FSDP2's set_requires_all_reduce): off, backward reduce-scatters within the shard
+  // group but keeps the result instead of all-reducing it across replicas; the next backward
+  // with it on adds the kept sums and all-reduces once (fewer bytes across nodes per step).
+  void set_requires_all_reduce(bool value, bool recurse = true);
   // Off: a backward without gradient sync leaves this unit's parameters unsharded, so the
   // next microbatch's forward gathers nothing. A backward that syncs always reshards (the
   // gradients are shard-shaped and belong to the shards).

@@ -134,6 +134,13 @@ void FSDPModule::set_requires_gradient_sync(bool value, bool recurse) {
     if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_requires_gradient_sync(value, false);
 }
 
+void FSDPModule::set_requires_all_reduce(bool value, bool recurse) {
+  if (auto* g = state_->param_group()) g->set_requires_all_reduce(value);
+  if (!recurse) return;
+  for (const auto& m : module_->modules())
+    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_requires_all_reduce(value, false);
+}
+
 void FSDPModule::set_reshard_after_backward(bool value, bool recurse) {
   if (auto* g = state_->param_group()) g->set_reshard_after_backward(value);
   if (!recurse) return;

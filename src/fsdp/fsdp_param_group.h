@@ -85,6 +85,9 @@ class FSDPParamGroup {
   // Off: post_backward keeps the full gradients (summed over backwards) instead of
   // reduce-scattering them; the next post_backward with it on reduces the sum.
   void set_requires_gradient_sync(bool v) { requires_gradient_sync_ = v; }
+  // HSDP. Off: finalize_backward keeps the reduce-scatter output (summed over backwards) instead
+  // of all-reducing it and writing `.grad`; the next finalize with it on adds the kept sum first.
+  void set_requires_all_reduce(bool v) { requires_all_reduce_ = v; }
   // Off: a backward without gradient sync leaves the parameters unsharded (the next forward
   // gathers nothing). A backward that syncs always reshards: `.grad` is shard-shaped.
   void set_reshard_after_backward(bool v) { reshard_after_backward_ = v; }
@@ -154,6 +157,9 @@ class FSDPParamGroup {
   at::Tensor reduce_scatter_output_;
   std::vector<char> had_grad_;
   bool requires_gradient_sync_ = true;
+  bool requires_all_reduce_ = true;
+  at::Tensor partial_reduce_output_;  // HSDP without all-reduce: reduce-scatter outputs, summed
+  std::vector<char> had_partial_grad_;
   bool reshard_after_backward_ = true;
   std::vector<at::Tensor> accumulated_grads_;  // full-shaped, while sync is off
 };

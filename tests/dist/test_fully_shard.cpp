@@ -787,9 +787,9 @@ TEST_P(FullyShardBadInput, MeshThatDoesNotMatchTheGroup) {
           << error;
     }
     if (n == 4) {
-      DeviceMesh two_d = init_device_mesh(ctx.world, {2, 2}, {"replicate", "shard"});
-      std::string error = testing::error_of([&] { FSDPLinear(Linear(3, 4), FullyShardOptions().mesh(two_d)); });
-      EXPECT_NE(error.find("a 2-D mesh (HSDP) is not supported yet"), std::string::npos) << error;
+      DeviceMesh three_d = init_device_mesh(ctx.world, {1, 2, 2}, {"pp", "replicate", "shard"});
+      std::string error = testing::error_of([&] { FSDPLinear(Linear(3, 4), FullyShardOptions().mesh(three_d)); });
+      EXPECT_NE(error.find("a 3-D mesh is not supported"), std::string::npos) << error;
     }
     // A matching pair is fine.
     FSDPLinear ok(Linear(3, 4), FullyShardOptions().mesh(mesh).process_group(ctx.world));

@@ -21,12 +21,15 @@ struct HSDPCase {
   bool activation_checkpointing = false;
   int64_t mlp_dim = 16;
   bool sync_gradients_at_last_batch = true;
+  // Seed 001's reduce_scatter_only: every microbatch reduce-scatters, only the last all-reduces
+  // across replicas (set_requires_all_reduce instead of set_requires_gradient_sync).
+  bool reduce_scatter_only = false;
 };
 
 std::string describe(const HSDPCase& c) {
   return "reshard_after_forward " + std::to_string(c.reshard_after_forward) + " ac " +
          std::to_string(c.activation_checkpointing) + " mlp_dim " + std::to_string(c.mlp_dim) + " sync_at_last " +
-         std::to_string(c.sync_gradients_at_last_batch);
+         std::to_string(c.sync_gradients_at_last_batch) + (c.reduce_scatter_only ? " reduce_scatter_only" : "");
 }
 
 Sequential make_plain(int64_t dim) {
@@ -78,12 +81,20 @@ void check_parity_with_ddp(RankContext& ctx, const FullyShardOptions& options, i
   for (int iter = 0; iter < 5; ++iter) {
     const std::string where = label + " iter " + std::to_string(iter);
     for (int micro = 0; micro < 3; ++micro) {
-      if (c.sync_gradients_at_last_batch) model->set_requires_gradient_sync(micro == 2);
+      if (c.reduce_scatter_only)
+        model->set_requires_all_reduce(micro == 2);
+      else if (c.sync_gradients_at_last_batch)
+        model->set_requires_gradient_sync(micro == 2);
       at::Tensor x = torch::randn({8, c.mlp_dim});
       at::Tensor ref_loss = ref.forward(x).sum();
       ref_loss.backward();
+      CommDebugMode comm;
       at::Tensor loss = model->forward(x).sum();
       loss.backward();
+      if (c.reduce_scatter_only) {
+        EXPECT_EQ(comm.count("reduce_scatter_tensor"), 4) << where;
+        EXPECT_EQ(comm.count("all_reduce"), micro == 2 && shard_size < ctx.world_size ? 4 : 0) << where;
+      }
       EXPECT_TRUE(at::allclose(loss, ref_loss, 1e-5, 1e-4)) << where << " micro " << micro << ": " << loss.item<float>()
                                                            << " vs " << ref_loss.item<float>();
     }
@@ -136,6 +147,23 @@ TEST(FullyShardHSDP, TrainParityHsdp2x1And1x2) {
         if (::testing::Test::HasFailure()) return;
       }
     }
+  });
+}
+
+// Seed 001's test_gradient_accumulation with reduce_scatter_only on the 2 x 2 mesh: the
+// microbatches before the last reduce-scatter, and only the last all-reduces their sum.
+TEST(FullyShardHSDP, GradientAccumulationReduceScatterOnly) {
+  run_ranks(4, [](RankContext& ctx) {
+    const auto options = FullyShardOptions().mesh(hsdp_mesh(ctx, 2, 2));
+    for (bool raf : {false, true})
+      for (int64_t dim : {3, 17}) {
+        HSDPCase c;
+        c.reshard_after_forward = raf;
+        c.mlp_dim = dim;
+        c.reduce_scatter_only = true;
+        check_parity_with_ddp(ctx, options, 2, c);
+        if (::testing::Test::HasFailure()) return;
+      }
   });
 }
 
@@ -332,8 +360,7 @@ TEST(FullyShardHSDPErrors, MeshesAndStrategiesThatDisagreeAreRefused) {
         EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
       }
     };
-    DeviceMesh three = init_device_mesh(ctx.world, {1, 2, 2}, {"pp", "replicate", "shard"});
-    refused(FullyShardOptions().mesh(three), "a 3-D mesh is not supported");
+    // A 3-D mesh: FullyShardBadInput.MeshThatDoesNotMatchTheGroup.
     DeviceMesh two = hsdp_mesh(ctx, 2, 2);
     refused(FullyShardOptions().mesh(two).sharding_strategy(ShardingStrategy::NO_SHARD),
             "sharding_strategy NO_SHARD shards across one dimension, but the mesh has 2");
