@@ -376,6 +376,30 @@ bool FSDPParamGroup::post_backward() {
   return true;
 }
 
+bool FSDPParamGroup::reduce_across_replicas(at::Tensor& output) {
+  if (!requires_all_reduce_) {
+    // Summed here, not in `.grad`: only the all-reduced sum is a gradient (FSDP2's partial
+    // reduce output). A parameter without a gradient this time added zeros.
+    if (partial_reduce_output_.defined()) {
+      partial_reduce_output_.add_(output);
+      release_storage(output);
+    } else {
+      partial_reduce_output_ = output;
+    }
+    had_partial_grad_.resize(params_.size(), 0);
+    for (size_t i = 0; i < params_.size(); ++i) had_partial_grad_[i] |= had_grad_[i];
+    return false;
+  }
+  if (partial_reduce_output_.defined()) {
+    output.add_(partial_reduce_output_);
+    partial_reduce_output_ = at::Tensor();
+    for (size_t i = 0; i < had_partial_grad_.size(); ++i) had_grad_[i] |= had_partial_grad_[i];
+    had_partial_grad_.clear();
+  }
+  all_reduce(output, ReduceOp::AVG, replicate_group_);
+  return true;
+}
+
 void FSDPParamGroup::finalize_backward() {
   if (!reduce_scatter_output_.defined()) return;
   at::Tensor output = std::move(reduce_scatter_output_);
@@ -386,29 +410,7 @@ void FSDPParamGroup::finalize_backward() {
   release_storage(reduce_scatter_input_);
   reduce_scatter_input_ = at::Tensor();
   at::NoGradGuard no_grad;
-  if (replicate_group_.defined()) {
-    if (!requires_all_reduce_) {
-      // Summed here, not in `.grad`: only the all-reduced sum is a gradient (FSDP2's partial
-      // reduce output). A parameter without a gradient this time added zeros.
-      if (partial_reduce_output_.defined()) {
-        partial_reduce_output_.add_(output);
-        release_storage(output);
-      } else {
-        partial_reduce_output_ = output;
-      }
-      had_partial_grad_.resize(params_.size(), 0);
-      for (size_t i = 0; i < params_.size(); ++i) had_partial_grad_[i] |= had_grad_[i];
-      return;
-    }
-    if (partial_reduce_output_.defined()) {
-      output.add_(partial_reduce_output_);
-      partial_reduce_output_ = at::Tensor();
-      for (size_t i = 0; i < had_partial_grad_.size(); ++i) had_grad_[i] |= had_partial_grad_[i];
-      had_partial_grad_.clear();
-    }
-    // The shard-group average, averaged across the replicas (the shard-sized output only).
-    all_reduce(output, ReduceOp::AVG, replicate_group_);
-  }
+  if (replicate_group_.defined() && !reduce_across_replicas(output)) return;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!had_grad_[i]) continue;
     at::Tensor shard = gradient_shard(params_, flat_, output, i);

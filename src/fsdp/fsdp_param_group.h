@@ -121,6 +121,9 @@ class FSDPParamGroup {
   // dtype unless the mixed-precision policy names another), on the compute device.
   at::TensorOptions compute_options() const;
   at::TensorOptions reduce_options() const;
+  // HSDP: averages a reduce-scatter output (the shard-group average) across the replicas, or,
+  // while all-reduce is off, adds it to the kept sum and returns false.
+  bool reduce_across_replicas(at::Tensor& output);
   std::vector<ShardMetadata> flat_shards_metadata() const;
   void allocate_unsharded();
   void free_unsharded();
