@@ -173,6 +173,22 @@ void check_train_parity(RankContext& ctx, torch::nn::Module& ref, RefForward&& r
   }
 }
 
+// Seed 001's test_train_parity_multi_group: make_multi_group wrapped with `options` trains at
+// parity with the plain model (check_train_parity); returns the trained model.
+inline FSDPSequential check_multi_group_parity(RankContext& ctx, const FullyShardOptions& options, Optim optim,
+                                               bool delay, const std::string& label) {
+  torch::manual_seed(42);
+  Sequential ref = make_multi_group(false, options);
+  torch::manual_seed(42);
+  FSDPSequential model(make_multi_group(true, options), options);
+  ParityCase c;
+  c.optim = optim;
+  c.delay = delay;
+  check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *model,
+                     [&](const at::Tensor& x) { return model->forward(x); }, 7, 3, c, label);
+  return model;
+}
+
 // Shared by test_fully_shard.cpp (which instantiates it) and test_fully_shard_composable.cpp.
 class FullyShardGradientAccumulation : public testing::WorldSizeTest {};
 

@@ -62,16 +62,8 @@ TEST_P(FullyShard1DTrainingCore, TrainParityMultiGroup) {
       for (Optim optim : {Optim::kSGD, Optim::kAdam})
         for (bool delay : {false, true}) {
           const auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
-          torch::manual_seed(42);
-          Sequential ref = make_multi_group(false, options);
-          torch::manual_seed(42);
-          FSDPSequential model(make_multi_group(true, options), options);
-          ParityCase c;
-          c.optim = optim;
-          c.delay = delay;
           const std::string label = "raf " + std::to_string(reshard_after_forward) + " delay " + std::to_string(delay);
-          check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *model,
-                             [&](const at::Tensor& x) { return model->forward(x); }, 7, 3, c, label);
+          FSDPSequential model = check_multi_group_parity(ctx, options, optim, delay, label);
           auto units = fsdp_units(*model);
           ASSERT_EQ(units.size(), 3u);
           EXPECT_TRUE(units[0]->is_root());

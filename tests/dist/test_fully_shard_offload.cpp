@@ -55,16 +55,8 @@ TEST_P(FullyShardCPUOffload, TrainParityMultiGroupCpuOffloadEager) {
         for (bool delay : {false, true}) {
           const auto options =
               FullyShardOptions().reshard_after_forward(true).offload_policy(CPUOffloadPolicy().pin_memory(pin_memory));
-          torch::manual_seed(42);
-          Sequential ref = make_multi_group(false, options);
-          torch::manual_seed(42);
-          FSDPSequential model(make_multi_group(true, options), options);
-          ParityCase c;
-          c.optim = optim;
-          c.delay = delay;
           const std::string label = "pin_memory " + std::to_string(pin_memory) + " delay " + std::to_string(delay);
-          check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *model,
-                             [&](const at::Tensor& x) { return model->forward(x); }, 7, 3, c, label);
+          check_multi_group_parity(ctx, options, optim, delay, label);
           if (::testing::Test::HasFailure()) return;
         }
   });
