@@ -1,0 +1,61 @@
+#!/bin/sh
+# Builds the libFuzzer targets of fuzz/ with clang (ASan + UBSan) into build-fuzz/ and runs each
+# for SECONDS (default 60) from its seed corpus (fuzz/corpus/<target>/, read only; what a run
+# adds goes to build-fuzz/corpus/<target>/). Fails if any target crashes, leaks, times out on an
+# input (-timeout, default 10 s) or trips a sanitizer; the input is saved as
+# build-fuzz/artifacts/<target>-crash-<sha1> (reproduce: build-fuzz/<target> FILE).
+# Debian 12 (libtorch 1.13, clang 14) only. See docs/fuzzing.md.
+#   scripts/run-fuzzers.sh [SECONDS] [TARGET...]
+# Environment: FSDPP_FUZZ_BUILD_DIR (build-fuzz), FSDPP_FUZZ_CXX (clang++-14 or clang++),
+# FSDPP_FUZZ_TIMEOUT (10), FSDPP_FUZZ_ARGS (more libFuzzer flags, e.g. -jobs=2 -workers=2).
+set -eu
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+[ $# -gt 0 ] && shift
+targets=${*:-"metadata_fuzzer safetensors_fuzzer checkpoint_fuzzer"}
+build=${FSDPP_FUZZ_BUILD_DIR:-build-fuzz}
+cxx=${FSDPP_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++ || echo clang++)}
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
+
+scripts/install-deps.sh
+# The build alone holds the global build lock (scripts/build.sh), not the runs.
+start=$(date +%s)
+(
+  exec 9>/tmp/fsdpp-build.lock
+  flock 9
+  cmake -S fuzz -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build "$build" -j2
+)
+echo "run-fuzzers: built in $(( $(date +%s) - start )) s"
+
+# halt_on_error and abort: any ASan or UBSan report ends the run as a crash, with the input saved.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:abort_on_error=1:detect_leaks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:abort_on_error=1:print_stacktrace=1}
+failed=""
+for t in $targets; do
+  case $t in
+    metadata_fuzzer) dict=fuzz/dict/metadata.dict ;;
+    safetensors_fuzzer) dict=fuzz/dict/safetensors.dict ;;
+    *) dict=fuzz/dict/checkpoint.dict ;;
+  esac
+  mkdir -p "$build/corpus/$t" "$build/artifacts" "$build/logs"
+  log="$build/logs/$t.log"
+  echo "run-fuzzers: $t for $seconds s (log: $log)"
+  # shellcheck disable=SC2086
+  if "$build/$t" -max_total_time="$seconds" -timeout="${FSDPP_FUZZ_TIMEOUT:-10}" -rss_limit_mb=2048 \
+      -max_len=65536 -print_final_stats=1 -dict="$dict" -artifact_prefix="$build/artifacts/$t-" \
+      ${FSDPP_FUZZ_ARGS:-} "$build/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1; then
+    echo "run-fuzzers: $t ok: $(grep -E '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' "$log" | tr '\n' ' ')"
+    grep -E '^#[0-9]+ +DONE' "$log" | tail -n 1 || true
+  else
+    echo "run-fuzzers: $t FAILED; the end of its log:" >&2
+    tail -n 60 "$log" >&2
+    ls "$build/artifacts/$t-"* 2>/dev/null >&2 || true
+    failed="$failed $t"
+  fi
+done
+echo "run-fuzzers: $(( $(date +%s) - start )) s in all"
+if [ -n "$failed" ]; then
+  echo "run-fuzzers: failed:$failed" >&2
+  exit 1
+fi
