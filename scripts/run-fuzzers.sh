@@ -31,6 +31,7 @@ echo "run-fuzzers: built in $(( $(date +%s) - start )) s"
 # halt_on_error and abort: any ASan or UBSan report ends the run as a crash, with the input saved.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:abort_on_error=1:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:abort_on_error=1:print_stacktrace=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$(pwd)/fuzz/lsan.supp:print_suppressions=0}
 failed=""
 for t in $targets; do
   case $t in
@@ -46,7 +47,7 @@ for t in $targets; do
       -max_len=65536 -print_final_stats=1 -dict="$dict" -artifact_prefix="$build/artifacts/$t-" \
       ${FSDPP_FUZZ_ARGS:-} "$build/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1; then
     echo "run-fuzzers: $t ok: $(grep -E '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' "$log" | tr '\n' ' ')"
-    grep -E '^#[0-9]+ +DONE' "$log" | tail -n 1 || true
+    grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -n 1 || true
   else
     echo "run-fuzzers: $t FAILED; the end of its log:" >&2
     tail -n 60 "$log" >&2
