@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "run_summary.h"
+
 namespace {
 
 constexpr int kUsageError = 2;
@@ -37,6 +39,8 @@ struct Options {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   double kill_grace_seconds = 3.0;
+  double timeout_seconds = 0;        // 0: not given; the program's own timeout applies
+  double exit_wait_seconds = 300;    // after a clean exit, how long the others may take
   std::vector<std::string> command;  // program and its arguments
 };
 
@@ -82,7 +86,13 @@ int parse_options(int argc, char** argv, Options& opt) {
       "If a rank fails, the others get SIGTERM, then SIGKILL after the grace period,\n"
       "and fsdpp-run exits with the failing rank's exit code (128+signal if it was\n"
       "killed). SIGINT and SIGTERM sent to fsdpp-run are forwarded to all ranks,\n"
-      "and fsdpp-run then exits with 128+signal. Ranks die with fsdpp-run.");
+      "and fsdpp-run then exits with 128+signal. Ranks die with fsdpp-run.\n"
+      "--timeout S sets FSDPP_TIMEOUT_SECONDS=S for the ranks: fsdpp's rendezvous and\n"
+      "every collective then give up after S seconds, each waiting rank printing the\n"
+      "collective and the ranks that had not arrived. When one rank has exited 0, the\n"
+      "others get --exit-wait-seconds to follow; those still running then are named\n"
+      "and the job is stopped with exit code 1. After a failure fsdpp-run prints a\n"
+      "summary: each rank's fate, and whom timed-out ranks name as missing.");
   // Everything from the program name on belongs to the program, not to us.
   app.prefix_command();
   app.add_option("--nproc-per-node,--nproc_per_node", opt.nproc_per_node,
@@ -101,6 +111,13 @@ int parse_options(int argc, char** argv, Options& opt) {
       ->capture_default_str();
   app.add_option("--kill-grace-seconds,--kill_grace_seconds", opt.kill_grace_seconds,
                  "Seconds between SIGTERM and SIGKILL when stopping the ranks")
+      ->capture_default_str();
+  app.add_option("--timeout", opt.timeout_seconds,
+                 "Seconds fsdpp's rendezvous and collectives wait (FSDPP_TIMEOUT_SECONDS); "
+                 "default: the program's own (30 min unless it says otherwise)");
+  app.add_option("--exit-wait-seconds,--exit_wait_seconds", opt.exit_wait_seconds,
+                 "Once a rank has exited 0, seconds the others may take to exit before they "
+                 "are named and stopped")
       ->capture_default_str();
   try {
     app.parse(argc, argv);
@@ -138,6 +155,10 @@ std::string validate(const Options& o) {
   if (o.master_addr.empty()) return "--master-addr must not be empty";
   if (!(o.kill_grace_seconds >= 0 && o.kill_grace_seconds <= 86400))  // also rejects NaN
     return "--kill-grace-seconds must be in [0, 86400]" + got(o.kill_grace_seconds);
+  if (!(o.timeout_seconds >= 0 && o.timeout_seconds <= 1e7))
+    return "--timeout must be in [0, 1e7] seconds (0: the program's own)" + got(o.timeout_seconds);
+  if (!(o.exit_wait_seconds >= 0 && o.exit_wait_seconds <= 1e7))
+    return "--exit-wait-seconds must be in [0, 1e7]" + got(o.exit_wait_seconds);
   return "";
 }
 
@@ -150,13 +171,17 @@ struct Stream {
   int out_fd = -1;     // where the lines go: our stdout or stderr
   std::string prefix;  // "[rank<R>]: "
   std::string pending; // bytes after the last newline
+  std::string timeout_report;  // the last fsdpp collective-timeout line, for the summary
 };
 
 void emit_complete_lines(Stream& s) {
   std::string out;
   size_t start = 0;
-  for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1)
-    out += s.prefix + s.pending.substr(start, nl + 1 - start);
+  for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+    const std::string line = s.pending.substr(start, nl + 1 - start);
+    if (line.find(fsdpp_run::kTimeoutMarker) != std::string::npos) s.timeout_report = line.substr(0, line.size() - 1);
+    out += s.prefix + line;
+  }
   s.pending.erase(0, start);
   write_all(s.out_fd, out);
 }
@@ -206,6 +231,9 @@ struct Rank {
   pid_t pid = -1;  // also its process group id
   bool running = false;
   Stream out, err;
+  int status = 0;              // from waitpid, once it is no longer running
+  bool stopped_by_us = false;  // still running when the job was stopped
+  char state_at_stop = '?';    // its /proc state at that moment
 };
 
 // A pipe whose read end is non-blocking (we poll it) and whose ends are
@@ -226,6 +254,11 @@ void set_rank_env(const Options& o, int local_rank) {
   set("MASTER_ADDR", o.master_addr);
   set("MASTER_PORT", std::to_string(o.master_port));
   setenv("OMP_NUM_THREADS", "1", 0);  // as torchrun: N ranks must not each use every core
+  if (o.timeout_seconds > 0) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.9g", o.timeout_seconds);
+    set("FSDPP_TIMEOUT_SECONDS", text);
+  }
 }
 
 // Runs in the forked child: becomes the rank's process and never returns.
@@ -300,7 +333,8 @@ using Clock = std::chrono::steady_clock;
 // one fails or the launcher is signalled.
 class Supervisor {
  public:
-  Supervisor(const Options& o, int signal_fd) : grace_(o.kill_grace_seconds), signal_fd_(signal_fd) {}
+  Supervisor(const Options& o, int signal_fd)
+      : grace_(o.kill_grace_seconds), exit_wait_(o.exit_wait_seconds), signal_fd_(signal_fd) {}
 
   void start(const Options& o, const sigset_t& original_mask);
   int run();
@@ -316,9 +350,17 @@ class Supervisor {
   void handle_signals();
   void reap();
   void on_exit(Rank& r, int status);
+  void stop_laggards();
+  bool reports_pending() const;
+  void print_summary() const;
 
   std::vector<Rank> ranks_;
   double grace_;
+  double exit_wait_;
+  int first_clean_exit_ = -1;       // the first rank to exit 0, if any
+  int deferred_exit_code_ = 0;      // a failure whose stop waits for the others' reports
+  Clock::time_point reports_by_;    // when that wait ends
+  Clock::time_point laggards_at_;   // when the others have waited exit_wait_ after it
   int signal_fd_;
   int exit_code_ = 0;
   bool stopping_ = false;           // SIGTERM (or a forwarded signal) went out
@@ -355,13 +397,64 @@ int Supervisor::run() {
       kill_now();
       continue;
     }
+    if (!stopping_ && deferred_exit_code_ != 0 && (Clock::now() >= reports_by_ || !reports_pending())) {
+      stop(SIGTERM, deferred_exit_code_);
+      continue;
+    }
+    if (!stopping_ && first_clean_exit_ >= 0 && any_running() && Clock::now() >= laggards_at_) {
+      stop_laggards();
+      continue;
+    }
     wait_for_events();
   }
   for (auto& r : ranks_) {
     drain(r.out), drain(r.err);
     close_stream(r.out), close_stream(r.err);
   }
+  if (exit_code_ != 0 && forwarded_signal_ == 0) print_summary();
   return exit_code_;
+}
+
+// A rank that exited 0 means the job's work is done; one that does not follow within
+// exit_wait_ is stopped (SIGSTOP), stuck or lost, and waiting longer only hides it.
+void Supervisor::stop_laggards() {
+  char wait[32];
+  std::snprintf(wait, sizeof wait, "%g", exit_wait_);
+  const std::string after = std::string(wait) + " s after rank " + std::to_string(first_clean_exit_) +
+                            " exited with code 0";
+  for (const auto& r : ranks_) {
+    if (!r.running) continue;
+    const char state = fsdpp_run::process_state(r.pid);
+    say("rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ") is still running " + after +
+        (state == 'T' || state == 't' ? " (it is stopped: SIGSTOP or a debugger)" : "") + "; stopping all ranks");
+  }
+  stop(SIGTERM, 1);
+}
+
+// A running rank that has not reported a collective timeout and is not stopped may still do so.
+bool Supervisor::reports_pending() const {
+  for (const auto& r : ranks_) {
+    if (!r.running || !r.err.timeout_report.empty() || !r.out.timeout_report.empty()) continue;
+    const char state = fsdpp_run::process_state(r.pid);
+    if (state != 'T' && state != 't' && state != 'Z') return true;
+  }
+  return false;
+}
+
+void Supervisor::print_summary() const {
+  std::vector<fsdpp_run::RankFate> fates;
+  for (const auto& r : ranks_) {
+    fsdpp_run::RankFate f;
+    f.rank = r.rank;
+    f.pid = r.pid;
+    f.reaped = !r.running;
+    f.status = r.status;
+    f.stopped_by_us = r.stopped_by_us;
+    f.state_at_stop = r.state_at_stop;
+    f.timeout_report = r.err.timeout_report.empty() ? r.out.timeout_report : r.err.timeout_report;
+    fates.push_back(f);
+  }
+  for (const auto& line : fsdpp_run::summarize(fates)) say("summary: " + line);
 }
 
 bool Supervisor::any_running() const {
@@ -389,8 +482,15 @@ void Supervisor::stop(int sig, int exit_code) {
     exit_code_ = exit_code;
     kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                   std::chrono::duration<double>(grace_));
+    for (auto& r : ranks_) {  // for the summary: who was still at it, and in what state
+      const char state = r.running ? fsdpp_run::process_state(r.pid) : 'Z';
+      if (state == 'Z') continue;  // exited, not yet reaped: its exit status will tell
+      r.stopped_by_us = true;
+      r.state_at_stop = state;
+    }
   }
   signal_all(sig);
+  signal_all(SIGCONT);  // a stopped rank would hold the signal pending until SIGKILL
 }
 
 void Supervisor::kill_now() {
@@ -402,9 +502,15 @@ void Supervisor::kill_now() {
 
 int Supervisor::poll_timeout_ms() const {
   int timeout = -1;
-  if (stopping_ && !killed_) {
-    auto left = std::chrono::ceil<std::chrono::milliseconds>(kill_at_ - Clock::now()).count();
-    timeout = static_cast<int>(std::max<long long>(0, std::min<long long>(left, 60000)));
+  auto until = [](Clock::time_point t) {
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(t - Clock::now()).count();
+    return static_cast<int>(std::max<long long>(0, std::min<long long>(left, 60000)));
+  };
+  if (stopping_ && !killed_) timeout = until(kill_at_);
+  if (!stopping_ && first_clean_exit_ >= 0) timeout = until(laggards_at_);
+  if (!stopping_ && deferred_exit_code_ != 0) {
+    const int reports = std::min(until(reports_by_), 200);  // also re-check who is stopped
+    timeout = timeout < 0 ? reports : std::min(timeout, reports);
   }
   // Grandchildren are not our children (unless orphaned), so their deaths
   // wake nobody: poll for their groups to empty.
@@ -458,10 +564,25 @@ void Supervisor::reap() {
 
 void Supervisor::on_exit(Rank& r, int status) {
   r.running = false;
+  r.status = status;
   drain(r.out), drain(r.err);  // what it wrote before dying comes first
   flush_partial_line(r.out), flush_partial_line(r.err);
   bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  if (!failed || stopping_) return;  // deaths we caused are not news
+  if (!failed && first_clean_exit_ < 0) {
+    first_clean_exit_ = r.rank;
+    laggards_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(exit_wait_));
+  }
+  if (!failed || stopping_ || deferred_exit_code_ != 0) return;  // deaths we caused are not news
+  if (!r.err.timeout_report.empty() || !r.out.timeout_report.empty()) {
+    // The others are most likely in the same wait and report within their grace period
+    // (at most 5 s): stopping them now would cut their reports off.
+    say(describe_exit(r, status) + " after a collective timeout; stopping all ranks once they have reported "
+        "(6 s at most)");
+    deferred_exit_code_ = exit_code_of(status);
+    reports_by_ = Clock::now() + std::chrono::seconds(6);
+    return;
+  }
   say(describe_exit(r, status) + "; stopping all ranks");
   stop(SIGTERM, exit_code_of(status));
 }

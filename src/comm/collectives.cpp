@@ -9,6 +9,7 @@
 #include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/error.h>
 
+#include "comm/hang_report.h"
 #include "comm/process_group_impl.h"
 #include "comm/wire_bytes.h"
 
@@ -267,9 +268,18 @@ Work submit(const ProcessGroupImpl& g, Kind kind, Intent intent, int64_t bytes_s
   if (bytes_sent >= 0) CommDebugMode::record(kKindNames[kind], bytes_sent);
   std::string description = std::string(kKindNames[kind]) + "(" + what + ") #" + std::to_string(seq) + " on " + g.where();
   const bool check = g.check_collectives && g.size() > 1;
-  auto state = g.comm_thread->enqueue(description, [&g, check, intent = std::move(intent), run = std::move(run)] {
-    if (check) check_intent(g, intent);
-    run();
+  auto state = g.comm_thread->enqueue(description, [&g, check, seq, description, intent = std::move(intent),
+                                                    run = std::move(run)] {
+    try {
+      if (check) check_intent(g, intent);
+      run();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (!detail::is_timeout(e)) throw;
+      // Say who is missing, not just that the wait ended (and without c10's backtrace).
+      throw Error(description + " failed: " + detail::report_hang(g, seq, description));
+    }
   });
   Work work(state);
   if (!async_op) work.wait();

@@ -1,5 +1,7 @@
 #include "comm/comm_thread.h"
 
+#include <c10/util/Exception.h>
+
 #include <fsdpp/error.h>
 #include <fsdpp/work.h>
 
@@ -62,6 +64,9 @@ void CommThread::loop() {
       task.run();
     } catch (const Error&) {
       error = std::current_exception();
+    } catch (const c10::Error& e) {
+      // Users need c10's one-line message; its C++ backtrace buries it.
+      error = std::make_exception_ptr(Error(task.state->description + " failed: " + e.what_without_backtrace()));
     } catch (const std::exception& e) {
       error = std::make_exception_ptr(Error(task.state->description + " failed: " + e.what()));
     }
