@@ -15,6 +15,7 @@
 
 #include <fsdpp/error.h>
 
+#include "comm/local_address.h"
 #include "comm/process_group_impl.h"
 #include "compat/tcp_store_options.h"
 
@@ -65,16 +66,22 @@ bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
-// One Gloo device per process, shared by all groups (as PyTorch does).
-std::shared_ptr<::gloo::transport::Device> gloo_device(bool local_only) {
+// One Gloo device per process, shared by all groups (as PyTorch does). Without
+// GLOO_SOCKET_IFNAME, PyTorch binds to what the host name resolves to, often 127.0.0.1 or
+// nothing at all, so peers on other nodes cannot connect; fsdpp binds to the address whose
+// route leads to the master (`master_host`), and to loopback only when the master is local.
+std::shared_ptr<::gloo::transport::Device> gloo_device(bool local_only, const std::string& master_host) {
   static std::mutex mutex;
   static std::shared_ptr<::gloo::transport::Device> device;
   std::lock_guard<std::mutex> lock(mutex);
   if (!device) {
+    const std::string towards_master = local_only ? "" : detail::local_address_towards(master_host);
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"))
       device = c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
     else if (local_only)
       device = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+    else if (!towards_master.empty())
+      device = c10d::ProcessGroupGloo::createDeviceForHostname(towards_master);
     else
       device = c10d::ProcessGroupGloo::createDefaultDevice();
   }
@@ -112,6 +119,7 @@ struct Rendezvous {
   int world_size = -1;
   c10::intrusive_ptr<c10d::Store> store;
   bool local_only = true;
+  std::string master_host;  // of a TCP rendezvous: where the other nodes are reached from
   std::string description;  // where the ranks meet, for error messages
 };
 
@@ -154,6 +162,7 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o, std::chrono::millisecond
     throw Error("init_method '" + o.init_method_ + "' is not env://, tcp://host:port or file:///path");
   }
   r.local_only = is_loopback(host);
+  r.master_host = host;
   r.description = "tcp://" + host + ":" + std::to_string(port);
   // Under torchrun the agent already serves the store on MASTER_PORT: every rank is a client,
   // under the attempt's prefix, as PyTorch's own init_process_group does.
@@ -219,13 +228,18 @@ void wait_for_members(const detail::ProcessGroupImpl& g, const c10::intrusive_pt
 
 // Connects this process to the other members through a Gloo process group.
 // `arrival` bounds the wait for the members to arrive: what is left of the timeout.
-void connect(detail::ProcessGroupImpl& g, bool local_only, std::chrono::milliseconds arrival) {
+void connect(detail::ProcessGroupImpl& g, bool local_only, std::chrono::milliseconds arrival,
+             const std::string& master_host = "") {
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("fsdpp/" + g.name + "/", g.store);
   wait_for_members(g, prefixed, "arrived", arrival);
+  auto device = gloo_device(local_only, master_host);
   try {
-    g.backend = compat::make_gloo_backend(prefixed, g.rank, g.size(), g.timeout, gloo_device(local_only));
+    g.backend = compat::make_gloo_backend(prefixed, g.rank, g.size(), g.timeout, device);
   } catch (const std::exception& e) {
-    throw Error("connecting " + g.where() + " with ranks " + list_ranks(g.ranks) + " failed: " + message_of(e));
+    // The address a rank advertises is what its peers dial: a loopback one on a multi-node
+    // job is the usual cause (GLOO_SOCKET_IFNAME picks the interface).
+    throw Error("connecting " + g.where() + " with ranks " + list_ranks(g.ranks) + " failed: " + message_of(e) +
+                " (this rank listens on " + device->str() + (std::getenv("GLOO_SOCKET_IFNAME") ? "" : "; GLOO_SOCKET_IFNAME is unset") + ")");
   }
   // As PyTorch's store-based barrier: nobody leaves before everyone is connected, or a rank
   // that finishes early would close connections a peer is still setting up.
@@ -352,7 +366,7 @@ ProcessGroup init_process_group(const InitProcessGroupOptions& options) {
   g->timeout = timeout;
   g->check_collectives = check_collectives_from(options.check_collectives_);
   g->store->setTimeout(timeout);
-  connect(*g, r.local_only, left());
+  connect(*g, r.local_only, left(), r.master_host);
   g->comm_thread = std::make_unique<detail::CommThread>();
   std::lock_guard<std::mutex> lock(g_default_mutex);
   g_default_group = g;
