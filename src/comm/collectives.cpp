@@ -276,9 +276,10 @@ Work submit(const ProcessGroupImpl& g, Kind kind, Intent intent, int64_t bytes_s
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      if (!detail::is_timeout(e)) throw;
+      const bool own_timeout = detail::is_timeout(e);
+      if (!own_timeout && !detail::peer_timed_out(g, seq)) throw;
       // Say who is missing, not just that the wait ended (and without c10's backtrace).
-      throw Error(description + " failed: " + detail::report_hang(g, seq, description));
+      throw Error(description + " failed: " + detail::report_hang(g, seq, description, own_timeout));
     }
   });
   Work work(state);

@@ -5,9 +5,11 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <memory>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -80,7 +82,7 @@ std::string seconds(std::chrono::milliseconds ms) {
   return out.str();
 }
 
-// "rank(s) [2] had not arrived (ranks [0, 1, 3] timed out waiting in it)", from the posts.
+// "rank(s) [2] had not arrived (ranks [0, 1, 3] were waiting in it)", from the posts.
 std::string who_was_missing(const ProcessGroupImpl& g, int64_t seq, const Posts& p) {
   std::vector<int> missing, waiting;
   std::ostringstream elsewhere;
@@ -95,9 +97,9 @@ std::string who_was_missing(const ProcessGroupImpl& g, int64_t seq, const Posts&
   }
   std::ostringstream out;
   if (missing.empty())
-    out << "every rank of the group had arrived (ranks " << list(waiting) << " timed out waiting in it)";
+    out << "every rank of the group had arrived (ranks " << list(waiting) << " were waiting in it)";
   else
-    out << "rank(s) " << list(missing) << " had not arrived (ranks " << list(waiting) << " timed out waiting in it"
+    out << "rank(s) " << list(missing) << " had not arrived (ranks " << list(waiting) << " were waiting in it"
         << elsewhere.str() << ")";
   return out.str();
 }
@@ -123,8 +125,32 @@ bool is_timeout(const std::exception& e) {
   return what.find("timed out") != std::string::npos || what.find("timeout") != std::string::npos;
 }
 
-std::string report_hang(const ProcessGroupImpl& g, int64_t seq, const std::string& description) {
-  const std::string timed_out = "timed out after " + seconds(g.timeout);
+bool peer_timed_out(const ProcessGroupImpl& g, int64_t seq) {
+  // On its own thread, like the report: the store may not answer.
+  auto promise = std::make_shared<std::promise<bool>>();
+  std::future<bool> answer = promise->get_future();
+  const Clock::time_point until = Clock::now() + std::chrono::seconds(1);
+  std::thread([promise, store = g.store, group = g.name, me = g.rank, members = g.size(), seq, until] {
+    try {
+      for (;;) {
+        for (int q = 0; q < members; ++q) {
+          if (q == me || !store->check({key_of(group, q)})) continue;
+          const std::vector<uint8_t> v = store->get(key_of(group, q));
+          if (std::strtoll(std::string(v.begin(), v.end()).c_str(), nullptr, 10) == seq) return promise->set_value(true);
+        }
+        if (Clock::now() >= until) return promise->set_value(false);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    } catch (...) {
+      promise->set_value(false);
+    }
+  }).detach();
+  return answer.wait_until(until + std::chrono::milliseconds(500)) == std::future_status::ready && answer.get();
+}
+
+std::string report_hang(const ProcessGroupImpl& g, int64_t seq, const std::string& description, bool own_timeout) {
+  const std::string timed_out = own_timeout ? "timed out after " + seconds(g.timeout)
+                                            : "cut off when a peer's wait in it timed out (its connections closed)";
   if (g_reported.exchange(true)) return timed_out;
   const auto grace = std::min<std::chrono::milliseconds>(g.timeout, std::chrono::seconds(5));
   const Clock::time_point until = Clock::now() + grace;
@@ -153,8 +179,7 @@ std::string report_hang(const ProcessGroupImpl& g, int64_t seq, const std::strin
       whom = "the ranks that had not arrived are unknown: the store failed (a TCP store is served by global rank 0: "
              "has it exited?)";
   }
-  std::fprintf(stderr, "fsdpp: collective timeout: %s waited %s; %s\n", description.c_str(), seconds(g.timeout).c_str(),
-               whom.c_str());
+  std::fprintf(stderr, "fsdpp: collective timeout: %s: %s; %s\n", description.c_str(), timed_out.c_str(), whom.c_str());
   std::fflush(stderr);
   if (g.global_rank == 0 && answered) linger(g, posted, grace);
   return timed_out + "; " + whom;
