@@ -5,7 +5,7 @@
 # 12, clang 14 and its runtime too, for the fuzzers CI runs there.
 set -eu
 packages="cmake g++ make ccache libtorch-dev libgloo-dev nlohmann-json3-dev libcli11-dev libfmt-dev
-  libgtest-dev libgmock-dev libxxhash-dev python3-torch libopenblas0-pthread"
+  libgtest-dev libgmock-dev libxxhash-dev python3-torch libopenblas0-pthread iproute2"
 . /etc/os-release
 case "${VERSION_ID:-}" in
   12) packages="$packages clang-14 libclang-rt-14-dev llvm-14" ;;  # libFuzzer + sanitizers, llvm-symbolizer (scripts/run-fuzzers.sh)

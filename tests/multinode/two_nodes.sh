@@ -20,7 +20,7 @@ id=$$
 n0=fsdpp-n0-$id n1=fsdpp-n1-$id
 work=$(mktemp -d)
 cleanup() {
-  for p in $(cat "$work"/launcher.* 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+  for p in $(cat "$work"/launcher.* "$work"/pid.? 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
   ip netns del "$n0" 2>/dev/null
   ip netns del "$n1" 2>/dev/null  # takes the veth pair with it
   rm -rf "$work"
@@ -31,9 +31,16 @@ trap 'exit 1' INT TERM
 ip netns add "$n0" && ip netns add "$n1" || { echo "two_nodes: cannot make namespaces"; exit 77; }
 ip link add "fv0-$id" type veth peer name "fv1-$id" || exit 1
 ip link set "fv0-$id" netns "$n0" && ip link set "fv1-$id" netns "$n1" || exit 1
-ip -n "$n0" addr add 10.231.7.1/24 dev "fv0-$id" && ip -n "$n1" addr add 10.231.7.2/24 dev "fv1-$id" || exit 1
-for n in "$n0" "$n1"; do ip -n "$n" link set lo up; done
-ip -n "$n0" link set "fv0-$id" up && ip -n "$n1" link set "fv1-$id" up || exit 1
+# in_ns NS CMD...: CMD in NS's network namespace only. Not `ip -n` / `ip netns exec`: they also
+# remount / and /sys, which fails in a chroot (the Debian 13 leg of CI runs in one).
+in_ns() {
+  ns=$1
+  shift
+  nsenter --net="/run/netns/$ns" "$@"
+}
+in_ns "$n0" ip addr add 10.231.7.1/24 dev "fv0-$id" && in_ns "$n1" ip addr add 10.231.7.2/24 dev "fv1-$id" || exit 1
+for n in "$n0" "$n1"; do in_ns "$n" ip link set lo up; done
+in_ns "$n0" ip link set "fv0-$id" up && in_ns "$n1" ip link set "fv1-$id" up || exit 1
 
 port=29731
 timeout=30  # fsdpp-run --timeout: no wait below can hang for long
@@ -43,7 +50,9 @@ node() {
   shift 2
   ns=$n0
   [ "$r" -eq 1 ] && ns=$n1
-  ip netns exec "$ns" env D="$work" OPENBLAS_NUM_THREADS=1 "$@" \
+  # A simple command, not in_ns: $! must be fsdpp-run itself (nsenter and env exec it), not a
+  # subshell running a function.
+  nsenter --net="/run/netns/$ns" env D="$work" OPENBLAS_NUM_THREADS=1 "$@" \
     "$run" --nnodes 2 --node-rank "$r" --nproc-per-node 2 --master-addr 10.231.7.1 --master-port $port \
     --timeout "$timeout" "$program" >"$work/node$r.log" 2>&1 &
   echo $! >"$work/launcher.$r"
