@@ -32,6 +32,11 @@ echo "run-fuzzers: built in $(( $(date +%s) - start )) s"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:abort_on_error=1:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:abort_on_error=1:print_stacktrace=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$(pwd)/fuzz/lsan.supp:print_suppressions=0}
+# The targets' scratch directories (fuzz/scratch_dir.cpp) go under the build: a target that
+# crashes or is killed skips their atexit cleanup, and /tmp collected them.
+export TMPDIR="$(pwd)/$build/tmp"
+rm -rf "$TMPDIR"
+mkdir -p "$TMPDIR"
 failed=""
 for t in $targets; do
   case $t in
