@@ -277,6 +277,10 @@ Work submit(const ProcessGroupImpl& g, Kind kind, Intent intent, int64_t bytes_s
       throw;
     } catch (const std::exception& e) {
       const bool own_timeout = detail::is_timeout(e);
+      if (g.failed.exchange(true)) {  // an earlier collective of this group already failed here
+        if (!own_timeout) throw;
+        throw Error(description + " failed: timed out after an earlier collective of " + g.where() + " failed");
+      }
       if (!own_timeout && !detail::peer_timed_out(g, seq)) throw;
       // Say who is missing, not just that the wait ended (and without c10's backtrace).
       throw Error(description + " failed: " + detail::report_hang(g, seq, description, own_timeout));

@@ -1,9 +1,9 @@
 #include "comm/comm_thread.h"
 
-#include <c10/util/Exception.h>
-
 #include <fsdpp/error.h>
 #include <fsdpp/work.h>
+
+#include "comm/error_message.h"
 
 namespace fsdpp::detail {
 
@@ -64,11 +64,8 @@ void CommThread::loop() {
       task.run();
     } catch (const Error&) {
       error = std::current_exception();
-    } catch (const c10::Error& e) {
-      // Users need c10's one-line message; its C++ backtrace buries it.
-      error = std::make_exception_ptr(Error(task.state->description + " failed: " + e.what_without_backtrace()));
     } catch (const std::exception& e) {
-      error = std::make_exception_ptr(Error(task.state->description + " failed: " + e.what()));
+      error = std::make_exception_ptr(Error(task.state->description + " failed: " + message_without_backtrace(e)));
     }
     // Drop the collective's tensors before reporting completion: a caller that frees its
     // buffers after wait() must find them unreferenced.

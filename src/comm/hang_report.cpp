@@ -1,7 +1,6 @@
 #include "comm/hang_report.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -13,14 +12,13 @@
 #include <thread>
 #include <vector>
 
+#include "comm/error_message.h"
 #include "comm/process_group_impl.h"
 
 namespace fsdpp::detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::atomic<bool> g_reported{false};
 
 // What each member posted: the sequence number it timed out in, or -1 for nothing.
 struct Posts {
@@ -68,14 +66,6 @@ Posts collect(const c10::intrusive_ptr<c10d::Store>& store, const std::string& g
   }
 }
 
-std::string list(const std::vector<int>& ranks) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
-  out << "]";
-  return out.str();
-}
-
 std::string seconds(std::chrono::milliseconds ms) {
   std::ostringstream out;
   out << static_cast<double>(ms.count()) / 1000 << " s";
@@ -97,9 +87,9 @@ std::string who_was_missing(const ProcessGroupImpl& g, int64_t seq, const Posts&
   }
   std::ostringstream out;
   if (missing.empty())
-    out << "every rank of the group had arrived (ranks " << list(waiting) << " were waiting in it)";
+    out << "every rank of the group had arrived (ranks " << list_ranks(waiting) << " were waiting in it)";
   else
-    out << "rank(s) " << list(missing) << " had not arrived (ranks " << list(waiting) << " were waiting in it"
+    out << "rank(s) " << list_ranks(missing) << " had not arrived (ranks " << list_ranks(waiting) << " were waiting in it"
         << elsewhere.str() << ")";
   return out.str();
 }
@@ -120,7 +110,7 @@ void linger(const ProcessGroupImpl& g, const std::vector<int64_t>& posted, std::
 }  // namespace
 
 bool is_timeout(const std::exception& e) {
-  std::string what = e.what();
+  std::string what = message_without_backtrace(e);
   std::transform(what.begin(), what.end(), what.begin(), [](unsigned char c) { return std::tolower(c); });
   return what.find("timed out") != std::string::npos || what.find("timeout") != std::string::npos;
 }
@@ -151,7 +141,6 @@ bool peer_timed_out(const ProcessGroupImpl& g, int64_t seq) {
 std::string report_hang(const ProcessGroupImpl& g, int64_t seq, const std::string& description, bool own_timeout) {
   const std::string timed_out = own_timeout ? "timed out after " + seconds(g.timeout)
                                             : "cut off when a peer's wait in it timed out (its connections closed)";
-  if (g_reported.exchange(true)) return timed_out;
   const auto grace = std::min<std::chrono::milliseconds>(g.timeout, std::chrono::seconds(5));
   const Clock::time_point until = Clock::now() + grace;
   // On a thread of its own, abandoned if it outlives the grace period: a stopped rank 0 stops

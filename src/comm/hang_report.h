@@ -25,9 +25,8 @@ bool peer_timed_out(const ProcessGroupImpl& g, int64_t seq);
 //   fsdpp: collective timeout: <description>: timed out after 10 s; rank(s) [2] had not
 //   arrived (ranks [0, 1, 3] were waiting in it)
 // and returns the text after the description, for the error this rank throws. Store trouble
-// (a stopped rank 0 serving it) never extends the wait past the grace period. Only the
-// first timeout of a process waits and prints; later ones (the rest of a broken group's
-// queue) return at once.
+// (a stopped rank 0 serving it) never extends the wait past the grace period. The caller
+// reports only the first failure of a group (ProcessGroupImpl::failed).
 std::string report_hang(const ProcessGroupImpl& g, int64_t seq, const std::string& description, bool own_timeout);
 
 }  // namespace fsdpp::detail

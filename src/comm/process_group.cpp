@@ -11,10 +11,10 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <c10/util/Exception.h>
 
 #include <fsdpp/error.h>
 
+#include "comm/error_message.h"
 #include "comm/local_address.h"
 #include "comm/process_group_impl.h"
 #include "compat/tcp_store_options.h"
@@ -22,16 +22,11 @@
 namespace fsdpp {
 namespace {
 
+using detail::list_ranks;
+using detail::message_without_backtrace;
+
 std::mutex g_default_mutex;
 std::shared_ptr<detail::ProcessGroupImpl> g_default_group;
-
-std::string list_ranks(const std::vector<int>& ranks) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
-  out << "]";
-  return out.str();
-}
 
 // An integer environment variable; `fallback` when unset, an error naming it when malformed.
 int env_int(const char* name, int fallback, bool required, const std::string& why) {
@@ -100,12 +95,6 @@ std::chrono::milliseconds timeout_from(std::chrono::milliseconds option) {
     throw Error("environment variable FSDPP_TIMEOUT_SECONDS='" + std::string(value) +
                 "' is not a number of seconds in (0, 1e7]");
   return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(seconds * 1000)));
-}
-
-// c10's messages carry a C++ backtrace that buries the one line a user needs.
-std::string message_of(const std::exception& e) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
-  return e.what();
 }
 
 bool check_collectives_from(int option) {
@@ -185,7 +174,7 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o, std::chrono::millisecond
   } catch (const std::exception& e) {
     throw Error("rendezvous of " + std::to_string(r.world_size) + " ranks at " + r.description + " failed at rank " +
                 std::to_string(r.rank) + " within " + std::to_string(timeout.count()) + " ms" +
-                (store_options.isServer ? "" : " (rank 0 serves the store there)") + ": " + message_of(e));
+                (store_options.isServer ? "" : " (rank 0 serves the store there)") + ": " + message_without_backtrace(e));
   }
   return r;
 }
@@ -238,7 +227,7 @@ void connect(detail::ProcessGroupImpl& g, bool local_only, std::chrono::millisec
   } catch (const std::exception& e) {
     // The address a rank advertises is what its peers dial: a loopback one on a multi-node
     // job is the usual cause (GLOO_SOCKET_IFNAME picks the interface).
-    throw Error("connecting " + g.where() + " with ranks " + list_ranks(g.ranks) + " failed: " + message_of(e) +
+    throw Error("connecting " + g.where() + " with ranks " + list_ranks(g.ranks) + " failed: " + message_without_backtrace(e) +
                 " (this rank listens on " + device->str() + (std::getenv("GLOO_SOCKET_IFNAME") ? "" : "; GLOO_SOCKET_IFNAME is unset") + ")");
   }
   // As PyTorch's store-based barrier: nobody leaves before everyone is connected, or a rank

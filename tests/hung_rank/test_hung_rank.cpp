@@ -209,6 +209,38 @@ TEST_F(HungRank, LaggardAfterACleanExitIsNamed) {
   EXPECT_TRUE(gone(pid_of(1)));
 }
 
+// Without --exit-wait-seconds a rank at work is named but waited for; given, it is stopped too
+// (a deadlocked rank sleeps, as a rank writing the final export may).
+TEST_F(HungRank, RunningLaggardIsStoppedWhenExitWaitIsGiven) {
+  const std::string script = "echo $$ > \"$D/pid.$RANK\"; if [ $RANK = 1 ]; then exec sleep 60; fi; exit 0";
+  Started job({FSDPP_RUN_PATH, "--nproc-per-node", "2", "--exit-wait-seconds", "2", "/bin/sh", "-c", script}, env(),
+              dir_ + "/job.log");
+  const auto start = Clock::now();
+  const int code = job.wait(40);
+  const std::string out = job.output();
+  ASSERT_NE(code, -1) << out;
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_LT(seconds_since(start), 20) << out;
+  EXPECT_TRUE(contains(out, "fsdpp-run: rank 1 (pid " + std::to_string(pid_of(1)) +
+                                ") is still running 2 s after rank 0 exited with code 0; stopping all ranks"))
+      << out;
+  EXPECT_TRUE(gone(pid_of(1)));
+}
+
+// Rank 0 reports a collective timeout and exits; rank 1 exits without reporting before the
+// launcher's wait for its report is over: the job failed, and the exit code says so.
+TEST_F(HungRank, JobThatEndsDuringTheReportWaitFails) {
+  const std::string script =
+      "if [ $RANK = 1 ]; then sleep 0.5; exit 1; fi; "
+      "echo 'fsdpp: collective timeout: all_reduce([4], SUM) #7 on group world: timed out after 1 s' >&2; exit 3";
+  Started job({FSDPP_RUN_PATH, "--nproc-per-node", "2", "/bin/sh", "-c", script}, env(), dir_ + "/job.log");
+  const int code = job.wait(40);
+  const std::string out = job.output();
+  ASSERT_NE(code, -1) << out;
+  EXPECT_EQ(code, 3) << out;
+  EXPECT_TRUE(contains(out, "fsdpp-run: summary: ")) << out;
+}
+
 // A rank whose peer never arrives fails within the timeout (not twice it), naming the peer;
 // the timeout comes from FSDPP_TIMEOUT_SECONDS, as under torchrun.
 TEST_F(HungRank, RendezvousKeepsToTheTimeoutFromTheEnvironment) {
