@@ -74,17 +74,22 @@ std::string seconds(std::chrono::milliseconds ms) {
 
 // "rank(s) [2] had not arrived (ranks [0, 1, 3] were waiting in it)", from the posts.
 std::string who_was_missing(const ProcessGroupImpl& g, int64_t seq, const Posts& p) {
-  std::vector<int> missing, waiting;
+  // A member that timed out in an earlier collective was itself kept waiting there: the cause
+  // is whoever posted nothing. Only when every member posted are those behind named as missing.
+  std::vector<int> silent, behind, waiting;
   std::ostringstream elsewhere;
   for (int q = 0; q < g.size(); ++q) {
     const int global = g.ranks[q];
     if (p.seq[q] >= seq) {
       waiting.push_back(global);
+    } else if (p.seq[q] >= 0) {
+      behind.push_back(global);
+      elsewhere << "; rank " << global << " timed out in #" << p.seq[q] << " of the group";
     } else {
-      missing.push_back(global);
-      if (p.seq[q] >= 0) elsewhere << "; rank " << global << " timed out in #" << p.seq[q] << " of the group";
+      silent.push_back(global);
     }
   }
+  const std::vector<int>& missing = silent.empty() ? behind : silent;
   std::ostringstream out;
   if (missing.empty())
     out << "every rank of the group had arrived (ranks " << list_ranks(waiting) << " were waiting in it)";

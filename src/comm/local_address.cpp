@@ -6,6 +6,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <vector>
+
 namespace fsdpp::detail {
 
 std::string local_address_towards(const std::string& host) {
@@ -14,7 +16,14 @@ std::string local_address_towards(const std::string& host) {
   addrinfo* found = nullptr;
   if (getaddrinfo(host.c_str(), "9", &hints, &found) != 0) return "";
   std::string address;
-  for (addrinfo* a = found; a && address.empty(); a = a->ai_next) {
+  // IPv4 first: a name may also resolve to an IPv6 address the job does not use.
+  std::vector<addrinfo*> candidates;
+  for (addrinfo* a = found; a; a = a->ai_next)
+    if (a->ai_family == AF_INET) candidates.push_back(a);
+  for (addrinfo* a = found; a; a = a->ai_next)
+    if (a->ai_family != AF_INET) candidates.push_back(a);
+  for (addrinfo* a : candidates) {
+    if (!address.empty()) break;
     const int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
     sockaddr_storage local{};

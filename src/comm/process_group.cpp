@@ -70,8 +70,10 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(bool local_only, const st
   static std::shared_ptr<::gloo::transport::Device> device;
   std::lock_guard<std::mutex> lock(mutex);
   if (!device) {
-    const std::string towards_master = local_only ? "" : detail::local_address_towards(master_host);
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"))
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    // Resolving the master may block on DNS: only when the interface is not given.
+    const std::string towards_master = ifname || local_only ? "" : detail::local_address_towards(master_host);
+    if (ifname)
       device = c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
     else if (local_only)
       device = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
