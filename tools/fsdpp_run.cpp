@@ -6,60 +6,22 @@
 // or the launcher is told to stop. It never leaves processes behind: each rank
 // runs in its own process group, which is signalled as a whole, and dies with
 // the launcher (PR_SET_PDEATHSIG) even if the launcher is SIGKILLed.
+// This file reads the options; rank_supervisor.cpp runs the job.
 
 #include <CLI/CLI.hpp>
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/signalfd.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <chrono>
 #include <climits>
-#include <cstdio>
-#include <cstring>
 #include <sstream>
 #include <string>
-#include <vector>
+
+#include "launcher.h"
 
 namespace {
 
+using fsdpp_run::Options;
+using fsdpp_run::say;
+
 constexpr int kUsageError = 2;
-
-struct Options {
-  int nproc_per_node = 1;
-  int nnodes = 1;
-  int node_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
-  double kill_grace_seconds = 3.0;
-  std::vector<std::string> command;  // program and its arguments
-};
-
-// ---------------------------------------------------------------- output
-
-// Writes all of `data`; gives up silently if the reader is gone, because
-// losing our output must not stop us from supervising the ranks.
-void write_all(int fd, const std::string& data) {
-  const char* p = data.data();
-  size_t left = data.size();
-  while (left > 0) {
-    ssize_t n = write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-}
-
-// The launcher's own messages, one line each on stderr.
-void say(const std::string& message) {
-  write_all(STDERR_FILENO, "fsdpp-run: " + message + "\n");
-}
 
 // ---------------------------------------------------------------- options
 
@@ -82,7 +44,15 @@ int parse_options(int argc, char** argv, Options& opt) {
       "If a rank fails, the others get SIGTERM, then SIGKILL after the grace period,\n"
       "and fsdpp-run exits with the failing rank's exit code (128+signal if it was\n"
       "killed). SIGINT and SIGTERM sent to fsdpp-run are forwarded to all ranks,\n"
-      "and fsdpp-run then exits with 128+signal. Ranks die with fsdpp-run.");
+      "and fsdpp-run then exits with 128+signal. Ranks die with fsdpp-run.\n"
+      "--timeout S sets FSDPP_TIMEOUT_SECONDS=S for the ranks: fsdpp's rendezvous and\n"
+      "every collective then give up after S seconds, each waiting rank printing the\n"
+      "collective and the ranks that had not arrived. When one rank has exited 0, the\n"
+      "others get --exit-wait-seconds to follow; those still running then are named,\n"
+      "and if one of them is stopped (SIGSTOP), or --exit-wait-seconds was given, the\n"
+      "job is stopped with exit code 1 (otherwise fsdpp-run waits for ranks at work).\n"
+      "After a failure fsdpp-run prints a summary: each rank's fate, and whom\n"
+      "timed-out ranks name as missing.");
   // Everything from the program name on belongs to the program, not to us.
   app.prefix_command();
   app.add_option("--nproc-per-node,--nproc_per_node", opt.nproc_per_node,
@@ -102,11 +72,20 @@ int parse_options(int argc, char** argv, Options& opt) {
   app.add_option("--kill-grace-seconds,--kill_grace_seconds", opt.kill_grace_seconds,
                  "Seconds between SIGTERM and SIGKILL when stopping the ranks")
       ->capture_default_str();
+  app.add_option("--timeout", opt.timeout_seconds,
+                 "Seconds fsdpp's rendezvous and collectives wait (FSDPP_TIMEOUT_SECONDS); "
+                 "default: the program's own (30 min unless it says otherwise)");
+  auto* exit_wait = app.add_option("--exit-wait-seconds,--exit_wait_seconds", opt.exit_wait_seconds,
+                                   "Once a rank has exited 0, seconds the others may take to exit before they "
+                                   "are named; then stopped ranks (SIGSTOP) end the job, and when this option "
+                                   "is given, any rank still running does")
+                         ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kUsageError;
   }
+  opt.exit_wait_given = exit_wait->count() > 0;
   // Unknown options land here too, ahead of the program; after "--" anything goes.
   opt.command = app.remaining();
   if (!opt.command.empty() && opt.command.front() == "--") {
@@ -138,351 +117,11 @@ std::string validate(const Options& o) {
   if (o.master_addr.empty()) return "--master-addr must not be empty";
   if (!(o.kill_grace_seconds >= 0 && o.kill_grace_seconds <= 86400))  // also rejects NaN
     return "--kill-grace-seconds must be in [0, 86400]" + got(o.kill_grace_seconds);
+  if (!(o.timeout_seconds >= 0 && o.timeout_seconds <= 1e7))
+    return "--timeout must be in [0, 1e7] seconds (0: the program's own)" + got(o.timeout_seconds);
+  if (!(o.exit_wait_seconds >= 0 && o.exit_wait_seconds <= 1e7))
+    return "--exit-wait-seconds must be in [0, 1e7]" + got(o.exit_wait_seconds);
   return "";
-}
-
-// ---------------------------------------------------------------- relaying
-
-// One pipe from a rank's stdout or stderr, relayed line by line so that
-// lines of different ranks never interleave.
-struct Stream {
-  int fd = -1;         // our read end; -1 once closed
-  int out_fd = -1;     // where the lines go: our stdout or stderr
-  std::string prefix;  // "[rank<R>]: "
-  std::string pending; // bytes after the last newline
-};
-
-void emit_complete_lines(Stream& s) {
-  std::string out;
-  size_t start = 0;
-  for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1)
-    out += s.prefix + s.pending.substr(start, nl + 1 - start);
-  s.pending.erase(0, start);
-  write_all(s.out_fd, out);
-}
-
-// A line without its newline still deserves its prefix, once no more of it
-// is coming.
-void flush_partial_line(Stream& s) {
-  if (s.pending.empty()) return;
-  write_all(s.out_fd, s.prefix + s.pending + "\n");
-  s.pending.clear();
-}
-
-void close_stream(Stream& s) {
-  if (s.fd < 0) return;
-  close(s.fd);
-  s.fd = -1;
-  flush_partial_line(s);
-}
-
-// Reads one chunk; returns false when nothing more is available right now.
-bool read_once(Stream& s) {
-  if (s.fd < 0) return false;
-  char buf[65536];
-  ssize_t n;
-  do n = read(s.fd, buf, sizeof buf); while (n < 0 && errno == EINTR);
-  if (n < 0 && errno == EAGAIN) return false;
-  if (n <= 0) {  // end of file: every writer is gone
-    close_stream(s);
-    return false;
-  }
-  s.pending.append(buf, static_cast<size_t>(n));
-  emit_complete_lines(s);
-  return true;
-}
-
-// Reads what a rank left in the pipe. Bounded (16 x 64 KiB covers a full
-// pipe buffer) so a chatty grandchild cannot stall the launcher.
-void drain(Stream& s) {
-  for (int i = 0; i < 16 && read_once(s); ++i) {
-  }
-}
-
-// ---------------------------------------------------------------- ranks
-
-struct Rank {
-  int rank = 0;
-  pid_t pid = -1;  // also its process group id
-  bool running = false;
-  Stream out, err;
-};
-
-// A pipe whose read end is non-blocking (we poll it) and whose ends are
-// close-on-exec, so no rank inherits another rank's pipe and EOF still works.
-bool open_pipe(int fds[2]) {
-  if (pipe2(fds, O_CLOEXEC) != 0) return false;
-  fcntl(fds[0], F_SETFL, O_NONBLOCK);
-  return true;
-}
-
-void set_rank_env(const Options& o, int local_rank) {
-  auto set = [](const char* name, const std::string& value) { setenv(name, value.c_str(), 1); };
-  set("RANK", std::to_string(o.node_rank * o.nproc_per_node + local_rank));
-  set("WORLD_SIZE", std::to_string(o.nnodes * o.nproc_per_node));
-  set("LOCAL_RANK", std::to_string(local_rank));
-  set("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
-  set("GROUP_RANK", std::to_string(o.node_rank));
-  set("MASTER_ADDR", o.master_addr);
-  set("MASTER_PORT", std::to_string(o.master_port));
-  setenv("OMP_NUM_THREADS", "1", 0);  // as torchrun: N ranks must not each use every core
-}
-
-// Runs in the forked child: becomes the rank's process and never returns.
-[[noreturn]] void exec_rank(const Options& o, int local_rank, pid_t launcher,
-                            const sigset_t& original_mask) {
-  setpgid(0, 0);  // own group, so stopping the rank also stops its children
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != launcher) _exit(128 + SIGKILL);  // launcher died before prctl took hold
-  signal(SIGPIPE, SIG_DFL);  // undo the launcher's own signal setup
-  sigprocmask(SIG_SETMASK, &original_mask, nullptr);
-  set_rank_env(o, local_rank);
-
-  std::vector<char*> argv;
-  for (const auto& arg : o.command) argv.push_back(const_cast<char*>(arg.c_str()));
-  argv.push_back(nullptr);
-  execvp(argv[0], argv.data());
-  int error = errno;
-  dprintf(STDERR_FILENO, "fsdpp-run: cannot execute '%s': %s\n", argv[0], strerror(error));
-  _exit(error == ENOENT ? 127 : 126);  // the shell's codes for "not found" / "not runnable"
-}
-
-bool spawn(Rank& r, const Options& o, int local_rank, const sigset_t& original_mask) {
-  int out[2], err[2];
-  if (!open_pipe(out)) return false;
-  if (!open_pipe(err)) {
-    close(out[0]), close(out[1]);
-    return false;
-  }
-  pid_t launcher = getpid();
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(out[1], STDOUT_FILENO);  // dup2 drops close-on-exec on the copies
-    dup2(err[1], STDERR_FILENO);
-    exec_rank(o, local_rank, launcher, original_mask);
-  }
-  close(out[1]), close(err[1]);
-  if (pid < 0) {
-    close(out[0]), close(err[0]);
-    return false;
-  }
-  setpgid(pid, pid);  // the child does it too: whichever runs first wins the race
-  r.rank = o.node_rank * o.nproc_per_node + local_rank;
-  r.pid = pid;
-  r.running = true;
-  std::string prefix = "[rank" + std::to_string(r.rank) + "]: ";
-  r.out = Stream{out[0], STDOUT_FILENO, prefix, ""};
-  r.err = Stream{err[0], STDERR_FILENO, prefix, ""};
-  return true;
-}
-
-std::string signal_name(int sig) {
-  const char* abbrev = sigabbrev_np(sig);  // null for real-time signals
-  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
-}
-
-std::string describe_exit(const Rank& r, int status) {
-  std::string who = "rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ")";
-  if (WIFSIGNALED(status))
-    return who + " was killed by " + signal_name(WTERMSIG(status));
-  return who + " exited with code " + std::to_string(WEXITSTATUS(status));
-}
-
-int exit_code_of(int status) {
-  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
-}
-
-// ---------------------------------------------------------------- supervision
-
-using Clock = std::chrono::steady_clock;
-
-// Owns the ranks: relays their output, reaps them, and stops them all when
-// one fails or the launcher is signalled.
-class Supervisor {
- public:
-  Supervisor(const Options& o, int signal_fd) : grace_(o.kill_grace_seconds), signal_fd_(signal_fd) {}
-
-  void start(const Options& o, const sigset_t& original_mask);
-  int run();
-
- private:
-  bool any_running() const;
-  bool any_group_alive() const;
-  void signal_all(int sig) const;
-  void stop(int sig, int exit_code);
-  void kill_now();
-  int poll_timeout_ms() const;
-  void wait_for_events();
-  void handle_signals();
-  void reap();
-  void on_exit(Rank& r, int status);
-
-  std::vector<Rank> ranks_;
-  double grace_;
-  int signal_fd_;
-  int exit_code_ = 0;
-  bool stopping_ = false;           // SIGTERM (or a forwarded signal) went out
-  bool killed_ = false;             // SIGKILL went out
-  bool leftovers_stopped_ = false;  // SIGTERM went to what outlived the ranks
-  int forwarded_signal_ = 0;        // the SIGINT/SIGTERM we passed on, if any
-  Clock::time_point kill_at_;
-};
-
-void Supervisor::start(const Options& o, const sigset_t& original_mask) {
-  ranks_.resize(static_cast<size_t>(o.nproc_per_node));
-  for (int local = 0; local < o.nproc_per_node; ++local) {
-    if (!spawn(ranks_[static_cast<size_t>(local)], o, local, original_mask)) {
-      say(std::string("cannot start rank processes: ") + strerror(errno));
-      ranks_.resize(static_cast<size_t>(local));
-      stop(SIGTERM, 1);
-      return;
-    }
-  }
-}
-
-int Supervisor::run() {
-  for (;;) {
-    if (!any_running()) {
-      if (killed_ || !any_group_alive()) break;
-      // The ranks are gone but left processes behind, which a forwarded
-      // SIGINT may not have stopped: SIGTERM them now, SIGKILL at the deadline.
-      if (!leftovers_stopped_) {
-        leftovers_stopped_ = true;
-        stop(SIGTERM, exit_code_);
-      }
-    }
-    if (stopping_ && !killed_ && Clock::now() >= kill_at_) {
-      kill_now();
-      continue;
-    }
-    wait_for_events();
-  }
-  for (auto& r : ranks_) {
-    drain(r.out), drain(r.err);
-    close_stream(r.out), close_stream(r.err);
-  }
-  return exit_code_;
-}
-
-bool Supervisor::any_running() const {
-  for (const auto& r : ranks_)
-    if (r.running) return true;
-  return false;
-}
-
-// A group outlives its leader while any grandchild in it is alive.
-bool Supervisor::any_group_alive() const {
-  for (const auto& r : ranks_)
-    if (kill(-r.pid, 0) == 0 || errno == EPERM) return true;
-  return false;
-}
-
-void Supervisor::signal_all(int sig) const {
-  for (const auto& r : ranks_) kill(-r.pid, sig);
-}
-
-// Starts the shutdown: the first reason to stop sets the exit code and the
-// SIGKILL deadline.
-void Supervisor::stop(int sig, int exit_code) {
-  if (!stopping_) {
-    stopping_ = true;
-    exit_code_ = exit_code;
-    kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                  std::chrono::duration<double>(grace_));
-  }
-  signal_all(sig);
-}
-
-void Supervisor::kill_now() {
-  if (any_running() || any_group_alive())
-    say("processes still alive after the grace period; sending SIGKILL");
-  signal_all(SIGKILL);
-  killed_ = true;
-}
-
-int Supervisor::poll_timeout_ms() const {
-  int timeout = -1;
-  if (stopping_ && !killed_) {
-    auto left = std::chrono::ceil<std::chrono::milliseconds>(kill_at_ - Clock::now()).count();
-    timeout = static_cast<int>(std::max<long long>(0, std::min<long long>(left, 60000)));
-  }
-  // Grandchildren are not our children (unless orphaned), so their deaths
-  // wake nobody: poll for their groups to empty.
-  if (!any_running()) timeout = timeout < 0 ? 100 : std::min(timeout, 100);
-  return timeout;
-}
-
-void Supervisor::wait_for_events() {
-  std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
-  std::vector<Stream*> streams;
-  for (auto& r : ranks_)
-    for (Stream* s : {&r.out, &r.err})
-      if (s->fd >= 0) {
-        fds.push_back({s->fd, POLLIN, 0});
-        streams.push_back(s);
-      }
-  if (poll(fds.data(), fds.size(), poll_timeout_ms()) <= 0) return;
-  // Output first, so what a rank printed before dying appears before its death.
-  for (size_t i = 0; i < streams.size(); ++i)
-    if (fds[i + 1].revents != 0) read_once(*streams[i]);
-  if (fds[0].revents != 0) handle_signals();
-}
-
-void Supervisor::handle_signals() {
-  signalfd_siginfo info;
-  while (read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
-    int sig = static_cast<int>(info.ssi_signo);
-    if (sig == SIGCHLD) {
-      reap();
-    } else if (forwarded_signal_ != 0) {  // the user insists
-      say("received " + signal_name(sig) + " while stopping; sending SIGKILL");
-      signal_all(SIGKILL);
-      killed_ = true;
-    } else {
-      say("received " + signal_name(sig) + "; forwarding it to all ranks");
-      forwarded_signal_ = sig;
-      stop(sig, 128 + sig);
-    }
-  }
-}
-
-// We are a child subreaper, so orphaned grandchildren land here too: reap
-// everything, and act on the ranks.
-void Supervisor::reap() {
-  int status;
-  pid_t pid;
-  while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
-    for (auto& r : ranks_)
-      if (r.pid == pid && r.running) on_exit(r, status);
-}
-
-void Supervisor::on_exit(Rank& r, int status) {
-  r.running = false;
-  drain(r.out), drain(r.err);  // what it wrote before dying comes first
-  flush_partial_line(r.out), flush_partial_line(r.err);
-  bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  if (!failed || stopping_) return;  // deaths we caused are not news
-  say(describe_exit(r, status) + "; stopping all ranks");
-  stop(SIGTERM, exit_code_of(status));
-}
-
-// If we were started with fd 0, 1 or 2 closed, a pipe would take its number
-// and ranks' output would loop back into it: fill the gaps with /dev/null.
-void ensure_standard_fds() {
-  for (int fd = 0; fd <= 2; ++fd)
-    if (fcntl(fd, F_GETFD) < 0) open("/dev/null", O_RDWR);
-}
-
-// Blocks the signals we handle and returns a descriptor that reports them,
-// so the event loop sees signals and output in one poll().
-int watch_signals(sigset_t& original_mask) {
-  signal(SIGPIPE, SIG_IGN);   // a closed stdout must not kill the supervisor
-  signal(SIGCHLD, SIG_DFL);   // an inherited SIG_IGN would auto-reap the ranks
-  sigset_t set;
-  sigemptyset(&set);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM}) sigaddset(&set, sig);
-  sigprocmask(SIG_BLOCK, &set, &original_mask);
-  return signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
 }
 
 }  // namespace
@@ -494,15 +133,5 @@ int main(int argc, char** argv) {
     say(error);
     return kUsageError;
   }
-  ensure_standard_fds();
-  sigset_t original_mask;
-  int signal_fd = watch_signals(original_mask);
-  if (signal_fd < 0) {
-    say(std::string("signalfd: ") + strerror(errno));
-    return 1;
-  }
-  prctl(PR_SET_CHILD_SUBREAPER, 1);  // orphaned grandchildren come to us to be reaped
-  Supervisor supervisor(opt, signal_fd);
-  supervisor.start(opt, original_mask);
-  return supervisor.run();
+  return fsdpp_run::run_job(opt);
 }

@@ -11,6 +11,7 @@
 
 #include "checkpoint/file_io.h"
 #include "checkpoint/format.h"
+#include "checkpoint/json_numbers.h"
 
 namespace fsdpp::checkpoint::detail {
 
@@ -35,22 +36,6 @@ double double_from_json(const json& j) {
     throw Error("'" + s + "' is not a double");
   }
   return j.get<double>();
-}
-
-// A JSON integer that fits int64. A float ("step": 1e40) or an integer past int64 is refused:
-// nlohmann's get<int64_t> would cast it, and the cast turns 1e40 into INT64_MIN.
-int64_t int64_of(const json& j, const std::string& name) {
-  const bool fits = j.is_number_integer() &&
-                    (!j.is_number_unsigned() || j.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX));
-  if (!fits) throw Error("\"" + name + "\" is " + j.dump() + ", not a 64-bit integer");
-  return j.get<int64_t>();
-}
-
-std::vector<int64_t> int64_list(const json& j, const std::string& name) {
-  if (!j.is_array()) throw Error("\"" + name + "\" is " + j.dump() + ", not a list of integers");
-  std::vector<int64_t> out;
-  for (const auto& x : j) out.push_back(int64_of(x, name));
-  return out;
 }
 
 int int_of(const json& j, const std::string& name, int lowest) {
@@ -143,13 +128,20 @@ Metadata metadata_from_json(const std::string& text, const std::string& where) {
                   std::to_string(kFormatVersion) + ")");
     Metadata m;
     m.world_size = int_of(j.at("world_size"), "world_size", 1);
+    int64_t total_size = 0;
     for (const auto& f : j.at("files")) {
       const auto name = f.at("name").get<std::string>();
       if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
         throw Error("file name '" + name + "' is not a plain file name");
+      if (m.file_sizes.count(name)) throw Error("file '" + name + "' is listed twice");
+      const int64_t size = int64_of(f.at("size"), "size");
+      if (size < 0) throw Error("file '" + name + "' has a negative size");
+      // Sizes that add up past int64 cannot be real, and would overflow whoever sums them
+      // (inspect did; found by fuzz/checkpoint_fuzzer).
+      if (!checked_add(total_size, size, total_size))
+        throw Error("the files' sizes add up to more bytes than a 64-bit count holds");
       m.files.push_back(name);
-      m.file_sizes[name] = int64_of(f.at("size"), "size");
-      if (m.file_sizes[name] < 0) throw Error("file '" + name + "' has a negative size");
+      m.file_sizes[name] = size;
     }
     for (auto it = j.at("entries").begin(); it != j.at("entries").end(); ++it) {
       key = it.key();

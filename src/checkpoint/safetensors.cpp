@@ -2,12 +2,14 @@
 #include "checkpoint/safetensors.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include <fsdpp/error.h>
 
 #include "checkpoint/format.h"
+#include "checkpoint/json_numbers.h"
 
 namespace fsdpp::checkpoint::detail {
 
@@ -66,7 +68,8 @@ SafetensorsHeader read_safetensors_header(const File& file) {
   if (!header.is_object()) throw Error(path + " is not a safetensors file: its header is not a JSON object");
   const int64_t start = 8 + static_cast<int64_t>(n);
   SafetensorsHeader out;
-  std::vector<std::pair<int64_t, std::string>> by_offset;
+  // (begin, end, name): an empty tensor sorts before the tensor that begins where it sits.
+  std::vector<std::tuple<int64_t, int64_t, std::string>> by_offset;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     if (name == "__metadata__") {
@@ -79,18 +82,24 @@ SafetensorsHeader read_safetensors_header(const File& file) {
     }
     const std::string what = path + ": tensor '" + name + "'";
     TensorRecord rec;
+    std::vector<int64_t> offsets;
     try {
       rec.dtype = it->at("dtype").get<std::string>();
-      rec.shape = it->at("shape").get<std::vector<int64_t>>();
-      auto offsets = it->at("data_offsets").get<std::vector<int64_t>>();
-      if (offsets.size() != 2) throw Error(what + ": data_offsets must have two numbers");
-      if (offsets[0] < 0 || offsets[1] < offsets[0] || !checked_add(start, offsets[1], rec.end))
-        throw Error(what + ": data_offsets [" + std::to_string(offsets[0]) + ", " + std::to_string(offsets[1]) +
-                    "] are not a byte range");
-      rec.begin = start + offsets[0];
-    } catch (const json::exception& e) {
-      throw Error(what + " has a malformed header entry: " + e.what());
+      // Integers only when they fit int64 (a float 1e40 was undefined behaviour here; found by
+      // fuzz/safetensors_fuzzer).
+      rec.shape = int64_list(it->at("shape"), "shape");
+      offsets = int64_list(it->at("data_offsets"), "data_offsets");
+    } catch (const std::exception& e) {
+      std::string why = e.what();
+      if (why.rfind("fsdpp: ", 0) == 0) why = why.substr(7);
+      throw Error(what + " has a malformed header entry: " + why);
     }
+    dtype_from_name(rec.dtype, what);
+    if (offsets.size() != 2) throw Error(what + ": data_offsets must have two numbers");
+    if (offsets[0] < 0 || offsets[1] < offsets[0] || !checked_add(start, offsets[1], rec.end))
+      throw Error(what + ": data_offsets [" + std::to_string(offsets[0]) + ", " + std::to_string(offsets[1]) +
+                  "] are not a byte range");
+    rec.begin = start + offsets[0];
     // Overflow-checked: a [2^40, 2^40] shape must not wrap to 0 bytes.
     int64_t elements = 0, bytes = 0;
     if (!checked_numel(rec.shape, elements) || !checked_mul(elements, element_size(rec.dtype), bytes))
@@ -102,15 +111,17 @@ SafetensorsHeader read_safetensors_header(const File& file) {
     if (rec.end > file_size)
       throw Error(path + " is truncated: tensor '" + name + "' needs bytes up to " + std::to_string(rec.end) +
                   " but the file has " + std::to_string(file_size));
-    by_offset.emplace_back(rec.begin, name);
+    by_offset.emplace_back(rec.begin, rec.end, name);
     out.tensors[name] = std::move(rec);
   }
+  // As the reference reader checks: in (begin, end) order each tensor starts at or after the
+  // previous one's end. Ordering by name instead refused an empty tensor at the next tensor's
+  // begin when its name sorted after that tensor's (as Python's writer places them).
   std::sort(by_offset.begin(), by_offset.end());
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    const auto& prev = out.tensors[by_offset[i - 1].second];
-    if (by_offset[i].first < prev.end)
-      throw Error(path + ": tensors '" + by_offset[i - 1].second + "' and '" + by_offset[i].second + "' overlap");
-  }
+  for (size_t i = 1; i < by_offset.size(); ++i)
+    if (std::get<0>(by_offset[i]) < std::get<1>(by_offset[i - 1]))
+      throw Error(path + ": tensors '" + std::get<2>(by_offset[i - 1]) + "' and '" + std::get<2>(by_offset[i]) +
+                  "' overlap");
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/error.h>
 
+#include "comm/hang_report.h"
 #include "comm/process_group_impl.h"
 #include "comm/wire_bytes.h"
 
@@ -267,9 +268,23 @@ Work submit(const ProcessGroupImpl& g, Kind kind, Intent intent, int64_t bytes_s
   if (bytes_sent >= 0) CommDebugMode::record(kKindNames[kind], bytes_sent);
   std::string description = std::string(kKindNames[kind]) + "(" + what + ") #" + std::to_string(seq) + " on " + g.where();
   const bool check = g.check_collectives && g.size() > 1;
-  auto state = g.comm_thread->enqueue(description, [&g, check, intent = std::move(intent), run = std::move(run)] {
-    if (check) check_intent(g, intent);
-    run();
+  auto state = g.comm_thread->enqueue(description, [&g, check, seq, description, intent = std::move(intent),
+                                                    run = std::move(run)] {
+    try {
+      if (check) check_intent(g, intent);
+      run();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      const bool own_timeout = detail::is_timeout(e);
+      if (g.failed.exchange(true)) {  // an earlier collective of this group already failed here
+        if (!own_timeout) throw;
+        throw Error(description + " failed: timed out after an earlier collective of " + g.where() + " failed");
+      }
+      if (!own_timeout && !detail::peer_timed_out(g, seq)) throw;
+      // Say who is missing, not just that the wait ended (and without c10's backtrace).
+      throw Error(description + " failed: " + detail::report_hang(g, seq, description, own_timeout));
+    }
   });
   Work work(state);
   if (!async_op) work.wait();

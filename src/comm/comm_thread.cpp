@@ -3,6 +3,8 @@
 #include <fsdpp/error.h>
 #include <fsdpp/work.h>
 
+#include "comm/error_message.h"
+
 namespace fsdpp::detail {
 
 void WorkState::finish(std::exception_ptr e) {
@@ -63,7 +65,7 @@ void CommThread::loop() {
     } catch (const Error&) {
       error = std::current_exception();
     } catch (const std::exception& e) {
-      error = std::make_exception_ptr(Error(task.state->description + " failed: " + e.what()));
+      error = std::make_exception_ptr(Error(task.state->description + " failed: " + message_without_backtrace(e)));
     }
     // Drop the collective's tensors before reporting completion: a caller that frees its
     // buffers after wait() must find them unreferenced.

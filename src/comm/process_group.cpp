@@ -5,6 +5,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -13,22 +14,19 @@
 
 #include <fsdpp/error.h>
 
+#include "comm/error_message.h"
+#include "comm/local_address.h"
 #include "comm/process_group_impl.h"
 #include "compat/tcp_store_options.h"
 
 namespace fsdpp {
 namespace {
 
+using detail::list_ranks;
+using detail::message_without_backtrace;
+
 std::mutex g_default_mutex;
 std::shared_ptr<detail::ProcessGroupImpl> g_default_group;
-
-std::string list_ranks(const std::vector<int>& ranks) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
-  out << "]";
-  return out.str();
-}
 
 // An integer environment variable; `fallback` when unset, an error naming it when malformed.
 int env_int(const char* name, int fallback, bool required, const std::string& why) {
@@ -63,20 +61,42 @@ bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
-// One Gloo device per process, shared by all groups (as PyTorch does).
-std::shared_ptr<::gloo::transport::Device> gloo_device(bool local_only) {
+// One Gloo device per process, shared by all groups (as PyTorch does). Without
+// GLOO_SOCKET_IFNAME, PyTorch binds to what the host name resolves to, often 127.0.0.1 or
+// nothing at all, so peers on other nodes cannot connect; fsdpp binds to the address whose
+// route leads to the master (`master_host`), and to loopback only when the master is local.
+std::shared_ptr<::gloo::transport::Device> gloo_device(bool local_only, const std::string& master_host) {
   static std::mutex mutex;
   static std::shared_ptr<::gloo::transport::Device> device;
   std::lock_guard<std::mutex> lock(mutex);
   if (!device) {
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"))
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    // Resolving the master may block on DNS: only when the interface is not given.
+    const std::string towards_master = ifname || local_only ? "" : detail::local_address_towards(master_host);
+    if (ifname)
       device = c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
     else if (local_only)
       device = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+    else if (!towards_master.empty())
+      device = c10d::ProcessGroupGloo::createDeviceForHostname(towards_master);
     else
       device = c10d::ProcessGroupGloo::createDefaultDevice();
   }
   return device;
+}
+
+// FSDPP_TIMEOUT_SECONDS (set by `fsdpp-run --timeout S`, or by hand under torchrun) bounds
+// the rendezvous and every collective of the job, over what the program asked for, so an
+// operator can bound a job without rebuilding it. Unset: the program's timeout (30 min default).
+std::chrono::milliseconds timeout_from(std::chrono::milliseconds option) {
+  const char* value = std::getenv("FSDPP_TIMEOUT_SECONDS");
+  if (!value || !*value) return option;
+  char* end = nullptr;
+  const double seconds = std::strtod(value, &end);
+  if (*end != '\0' || !(seconds > 0 && seconds <= 1e7))  // also rejects NaN
+    throw Error("environment variable FSDPP_TIMEOUT_SECONDS='" + std::string(value) +
+                "' is not a number of seconds in (0, 1e7]");
+  return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(seconds * 1000)));
 }
 
 bool check_collectives_from(int option) {
@@ -90,10 +110,11 @@ struct Rendezvous {
   int world_size = -1;
   c10::intrusive_ptr<c10d::Store> store;
   bool local_only = true;
+  std::string master_host;  // of a TCP rendezvous: where the other nodes are reached from
   std::string description;  // where the ranks meet, for error messages
 };
 
-Rendezvous rendezvous(const InitProcessGroupOptions& o) {
+Rendezvous rendezvous(const InitProcessGroupOptions& o, std::chrono::milliseconds timeout) {
   Rendezvous r;
   const std::string env_why = "init_method env:// needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as torchrun sets them";
   const bool from_env = !o.store_ && o.init_method_ == "env://";
@@ -125,13 +146,14 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o) {
     std::string path = o.init_method_.substr(7);
     if (path.empty()) throw Error("init_method '" + o.init_method_ + "' names no file");
     r.store = c10::make_intrusive<c10d::FileStore>(path, r.world_size);
-    r.store->setTimeout(o.timeout_);
+    r.store->setTimeout(timeout);
     r.description = o.init_method_;
     return r;
   } else {
     throw Error("init_method '" + o.init_method_ + "' is not env://, tcp://host:port or file:///path");
   }
   r.local_only = is_loopback(host);
+  r.master_host = host;
   r.description = "tcp://" + host + ":" + std::to_string(port);
   // Under torchrun the agent already serves the store on MASTER_PORT: every rank is a client,
   // under the attempt's prefix, as PyTorch's own init_process_group does.
@@ -141,8 +163,10 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o) {
   store_options.port = static_cast<std::uint16_t>(port);
   store_options.isServer = r.rank == 0 && !use_agent_store;
   store_options.numWorkers = r.world_size;
-  store_options.waitWorkers = true;
-  store_options.timeout = o.timeout_;
+  // wait_for_members waits for the ranks within what is left of the timeout, naming the
+  // missing ones; the store's own wait would spend a whole timeout first and name nobody.
+  store_options.waitWorkers = false;
+  store_options.timeout = timeout;
   try {
     r.store = c10::make_intrusive<c10d::TCPStore>(host, store_options);
     if (use_agent_store) {
@@ -151,7 +175,8 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o) {
     }
   } catch (const std::exception& e) {
     throw Error("rendezvous of " + std::to_string(r.world_size) + " ranks at " + r.description + " failed at rank " +
-                std::to_string(r.rank) + " within " + std::to_string(o.timeout_.count()) + " ms: " + e.what());
+                std::to_string(r.rank) + " within " + std::to_string(timeout.count()) + " ms" +
+                (store_options.isServer ? "" : " (rank 0 serves the store there)") + ": " + message_without_backtrace(e));
   }
   return r;
 }
@@ -160,13 +185,13 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o) {
 // others, so a rank that never arrives is named (Gloo's own rendezvous would wait its fixed
 // 5 minutes).
 void wait_for_members(const detail::ProcessGroupImpl& g, const c10::intrusive_ptr<c10d::Store>& store,
-                      const std::string& stage) {
+                      const std::string& stage, std::chrono::milliseconds timeout) {
   auto key = [&](int rank) { return stage + "/" + std::to_string(rank); };
   store->set(key(g.rank), std::vector<uint8_t>{1});
   std::vector<std::string> keys;
   for (int r = 0; r < g.size(); ++r) keys.push_back(key(r));
   try {
-    store->wait(keys, g.timeout);
+    store->wait(keys, timeout);
   } catch (const std::exception& e) {
     const std::string what = "rendezvous of " + g.where() + " with ranks " + list_ranks(g.ranks) +
                              " did not complete within " + std::to_string(g.timeout.count()) + " ms: ";
@@ -174,6 +199,16 @@ void wait_for_members(const detail::ProcessGroupImpl& g, const c10::intrusive_pt
     try {
       for (int r = 0; r < g.size(); ++r)
         if (!store->check({key(r)})) missing.push_back(g.ranks[r]);
+      store->set(stage + "/named/" + std::to_string(g.rank), std::vector<uint8_t>{1});
+      // Global rank 0 may serve the store (TCP): it stays up, briefly, until the ranks that
+      // arrived have named the missing ones, or they would find no store to ask.
+      if (g.global_rank == 0) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+        for (int r = 0; r < g.size(); ++r)
+          while (store->check({key(r)}) && !store->check({stage + "/named/" + std::to_string(r)}) &&
+                 std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
     } catch (const std::exception&) {
       // The store's server (rank 0 of a TCP store) may have timed out and exited first.
       throw Error(what + "the store became unreachable before the missing ranks could be named");
@@ -183,17 +218,23 @@ void wait_for_members(const detail::ProcessGroupImpl& g, const c10::intrusive_pt
 }
 
 // Connects this process to the other members through a Gloo process group.
-void connect(detail::ProcessGroupImpl& g, bool local_only) {
+// `arrival` bounds the wait for the members to arrive: what is left of the timeout.
+void connect(detail::ProcessGroupImpl& g, bool local_only, std::chrono::milliseconds arrival,
+             const std::string& master_host = "") {
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("fsdpp/" + g.name + "/", g.store);
-  wait_for_members(g, prefixed, "arrived");
+  wait_for_members(g, prefixed, "arrived", arrival);
+  auto device = gloo_device(local_only, master_host);
   try {
-    g.backend = compat::make_gloo_backend(prefixed, g.rank, g.size(), g.timeout, gloo_device(local_only));
+    g.backend = compat::make_gloo_backend(prefixed, g.rank, g.size(), g.timeout, device);
   } catch (const std::exception& e) {
-    throw Error("connecting " + g.where() + " with ranks " + list_ranks(g.ranks) + " failed: " + e.what());
+    // The address a rank advertises is what its peers dial: a loopback one on a multi-node
+    // job is the usual cause (GLOO_SOCKET_IFNAME picks the interface).
+    throw Error("connecting " + g.where() + " with ranks " + list_ranks(g.ranks) + " failed: " + message_without_backtrace(e) +
+                " (this rank listens on " + device->str() + (std::getenv("GLOO_SOCKET_IFNAME") ? "" : "; GLOO_SOCKET_IFNAME is unset") + ")");
   }
   // As PyTorch's store-based barrier: nobody leaves before everyone is connected, or a rank
   // that finishes early would close connections a peer is still setting up.
-  wait_for_members(g, prefixed, "connected");
+  wait_for_members(g, prefixed, "connected", g.timeout);
   g.c10d_group = compat::as_process_group(g.backend, prefixed);
 }
 
@@ -301,7 +342,7 @@ ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
   auto me = std::find(sorted.begin(), sorted.end(), parent.global_rank);
   if (me != sorted.end()) {
     child->rank = static_cast<int>(me - sorted.begin());
-    connect(*child, /*local_only=*/false);
+    connect(*child, /*local_only=*/false, child->timeout);
     child->comm_thread = std::make_unique<detail::CommThread>();
   }
   return ProcessGroup(std::move(child));
@@ -312,7 +353,14 @@ ProcessGroup init_process_group(const InitProcessGroupOptions& options) {
     throw Error("backend '" + options.backend_ + "' is not available: this libtorch " +
                 (options.backend_ == "nccl" ? "was built without NCCL" : "offers only 'gloo'"));
   }
-  Rendezvous r = rendezvous(options);
+  // One deadline for the whole rendezvous: store, arrival of every rank.
+  const std::chrono::milliseconds timeout = timeout_from(options.timeout_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      deadline - std::chrono::steady_clock::now()));
+  };
+  Rendezvous r = rendezvous(options, timeout);
   auto g = std::make_shared<detail::ProcessGroupImpl>();
   g->name = "world";
   g->backend_name = options.backend_;
@@ -321,10 +369,10 @@ ProcessGroup init_process_group(const InitProcessGroupOptions& options) {
   for (int i = 0; i < r.world_size; ++i) g->ranks[i] = i;
   g->global_rank = r.rank;
   g->rank = r.rank;
-  g->timeout = options.timeout_;
+  g->timeout = timeout;
   g->check_collectives = check_collectives_from(options.check_collectives_);
-  g->store->setTimeout(options.timeout_);
-  connect(*g, r.local_only);
+  g->store->setTimeout(timeout);
+  connect(*g, r.local_only, left(), r.master_host);
   g->comm_thread = std::make_unique<detail::CommThread>();
   std::lock_guard<std::mutex> lock(g_default_mutex);
   g_default_group = g;

@@ -31,6 +31,9 @@ struct ProcessGroupImpl {
   bool check_collectives = true;
   mutable std::atomic<int> next_child{0};     // numbers new_group() calls, for store prefixes
   mutable std::atomic<int64_t> next_seq{0};   // numbers collectives, for error messages
+  // Set by the first collective of this group that fails: only that one asks the store who
+  // was missing; the rest of a broken group's queue fails at once.
+  mutable std::atomic<bool> failed{false};
   // Runs this group's collectives in issue order, so the order is the same on every rank
   // whether a collective is synchronous or not. Null when not a member.
   std::unique_ptr<CommThread> comm_thread;

@@ -1,0 +1,125 @@
+#!/bin/sh
+# Two "nodes" on one machine: two network namespaces joined by a veth pair (10.231.7.1 and
+# 10.231.7.2; nothing else is reachable from them), each running fsdpp-run with 2 ranks.
+#   two_nodes.sh FSDPP_RUN TRAIN_TRANSFORMER TRAIN_STEPS SCENARIO
+# SCENARIO:
+#   train         2 x 2 ranks train the main job's transformer; it checks parity with a single
+#                 process itself (exit 1 otherwise); GLOO_SOCKET_IFNAME unset
+#   train-ifname  the same with GLOO_SOCKET_IFNAME set to each node's veth
+#   kill-node1    once every rank trains, node 1's launcher is SIGKILLed (its ranks die with it):
+#                 node 0 must exit non-zero within 20 s
+#   missing-node  node 1 never starts: node 0 (--timeout 5) fails within 20 s naming ranks 2, 3
+# Needs root and iproute2 (exit 77, a skip, otherwise). The namespaces are removed whatever
+# happens; every wait has a deadline.
+set -u
+run=$1 transformer=$2 steps=$3 scenario=$4
+[ "$(id -u)" -eq 0 ] || { echo "two_nodes: needs root (network namespaces)"; exit 77; }
+command -v ip >/dev/null || { echo "two_nodes: needs iproute2"; exit 77; }
+
+id=$$
+n0=fsdpp-n0-$id n1=fsdpp-n1-$id
+work=$(mktemp -d)
+cleanup() {
+  for p in $(cat "$work"/launcher.* "$work"/pid.? 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+  ip netns del "$n0" 2>/dev/null
+  ip netns del "$n1" 2>/dev/null  # takes the veth pair with it
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+ip netns add "$n0" && ip netns add "$n1" || { echo "two_nodes: cannot make namespaces"; exit 77; }
+ip link add "fv0-$id" type veth peer name "fv1-$id" || exit 1
+ip link set "fv0-$id" netns "$n0" && ip link set "fv1-$id" netns "$n1" || exit 1
+# in_ns NS CMD...: CMD in NS's network namespace only. Not `ip -n` / `ip netns exec`: they also
+# remount / and /sys, which fails in a chroot (the Debian 13 leg of CI runs in one).
+in_ns() {
+  ns=$1
+  shift
+  nsenter --net="/run/netns/$ns" "$@"
+}
+in_ns "$n0" ip addr add 10.231.7.1/24 dev "fv0-$id" && in_ns "$n1" ip addr add 10.231.7.2/24 dev "fv1-$id" || exit 1
+for n in "$n0" "$n1"; do in_ns "$n" ip link set lo up; done
+in_ns "$n0" ip link set "fv0-$id" up && in_ns "$n1" ip link set "fv1-$id" up || exit 1
+
+port=29731
+timeout=30  # fsdpp-run --timeout: no wait below can hang for long
+# node NODE_RANK PROGRAM [ENV...]: starts a node's launcher in its namespace, in the background.
+node() {
+  r=$1 program=$2
+  shift 2
+  ns=$n0
+  [ "$r" -eq 1 ] && ns=$n1
+  # A simple command, not in_ns: $! must be fsdpp-run itself (nsenter and env exec it), not a
+  # subshell running a function.
+  nsenter --net="/run/netns/$ns" env D="$work" OPENBLAS_NUM_THREADS=1 "$@" \
+    "$run" --nnodes 2 --node-rank "$r" --nproc-per-node 2 --master-addr 10.231.7.1 --master-port $port \
+    --timeout "$timeout" "$program" >"$work/node$r.log" 2>&1 &
+  echo $! >"$work/launcher.$r"
+}
+
+# await PID SECONDS: its exit code, or 124 (after killing it) if still running at the deadline.
+await() {
+  i=0
+  while kill -0 "$1" 2>/dev/null; do
+    i=$((i + 1))
+    if [ $i -gt $(($2 * 10)) ]; then kill -KILL "$1"; wait "$1" 2>/dev/null; return 124; fi
+    sleep 0.1
+  done
+  wait "$1"
+}
+
+# alive PID: still running 2 s from now (a zombie is gone: PID 1 here may never reap orphans).
+alive() {
+  i=0
+  while kill -0 "$1" 2>/dev/null && [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" != Z ]; do
+    i=$((i + 1)); [ $i -gt 20 ] && return 0; sleep 0.1
+  done
+  return 1
+}
+
+show() { for r in 0 1; do [ -f "$work/node$r.log" ] && sed "s/^/node$r: /" "$work/node$r.log"; done; }
+fail() { show; echo "two_nodes: FAILED: $*"; exit 1; }
+
+case $scenario in
+  train|train-ifname)
+    if [ "$scenario" = train-ifname ]; then
+      node 0 "$transformer" GLOO_SOCKET_IFNAME="fv0-$id"
+      node 1 "$transformer" GLOO_SOCKET_IFNAME="fv1-$id"
+    else
+      node 0 "$transformer" && node 1 "$transformer"
+    fi
+    await "$(cat "$work/launcher.0")" 240; c0=$?
+    await "$(cat "$work/launcher.1")" 30; c1=$?
+    [ $c0 -eq 0 ] && [ $c1 -eq 0 ] || fail "exit codes $c0 (node 0), $c1 (node 1)"
+    grep -q "OK: 20 steps; FSDP losses equal single-process training" "$work/node0.log" || fail "no parity line"
+    show | grep -E "OK:|peak tensor memory" ;;
+  kill-node1)
+    node 0 "$steps" && node 1 "$steps"
+    i=0
+    until [ -e "$work/pid.0" ] && [ -e "$work/pid.1" ] && [ -e "$work/pid.2" ] && [ -e "$work/pid.3" ]; do
+      i=$((i + 1)); [ $i -gt 1200 ] && fail "the ranks did not all start training within 120 s"; sleep 0.1
+    done
+    kill -KILL "$(cat "$work/launcher.1")"
+    start=$(date +%s)
+    await "$(cat "$work/launcher.0")" 20; c0=$?
+    took=$(($(date +%s) - start))
+    [ $c0 -ne 124 ] || fail "node 0 still running 20 s after node 1 was killed"
+    [ $c0 -ne 0 ] || fail "node 0 exited 0 without its peers"
+    for p in $(cat "$work/pid.2" "$work/pid.3"); do alive "$p" && fail "rank pid $p of node 1 survived"; done
+    show | grep -E "fsdpp-run|failed" | head -8
+    echo "two_nodes: node 0 ended with exit code $c0, $took s after node 1 was killed" ;;
+  missing-node)
+    start=$(date +%s)
+    timeout=5
+    node 0 "$steps"
+    await "$(cat "$work/launcher.0")" 20; c0=$?
+    took=$(($(date +%s) - start))
+    [ $c0 -ne 124 ] || fail "node 0 still running 20 s after it started alone"
+    [ $c0 -ne 0 ] || fail "node 0 exited 0 alone"
+    grep -q "rank(s) \[2, 3\] did not arrive" "$work/node0.log" || fail "ranks 2 and 3 not named"
+    show | grep -E "did not arrive" | head -2
+    echo "two_nodes: node 0 alone ended with exit code $c0 after $took s" ;;
+  *) echo "two_nodes: unknown scenario $scenario"; exit 2 ;;
+esac
+echo "two_nodes: $scenario passed"
