@@ -1,10 +1,6 @@
 // Joining a world (torchrun's environment, tcp://, file://), sub-groups, and the errors of each.
 #include <gtest/gtest.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <cstdlib>
 
 #include <ATen/ATen.h>
@@ -15,25 +11,15 @@
 
 #include "dist/world_sizes.h"
 #include "harness/error_of.h"
+#include "harness/free_port.h"
 #include "harness/multi_process.h"
 
 namespace fsdpp {
 namespace {
 
 using testing::error_of;
+using testing::free_port;
 using testing::RankContext;
-
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 class ProcessGroupTest : public testing::WorldSizeTest {};
 

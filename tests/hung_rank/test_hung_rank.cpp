@@ -5,9 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +17,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "harness/free_port.h"
 
 #ifndef FSDPP_RUN_PATH
 #error "define FSDPP_RUN_PATH to the fsdpp-run binary"
@@ -36,17 +36,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+using fsdpp::testing::free_port;
 
 // A process started with its output (stdout and stderr together) in a file; SIGKILLed, with
 // its process group, if a test leaves it running.
