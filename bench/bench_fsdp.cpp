@@ -9,6 +9,7 @@
 //   fsdpp-run --nproc-per-node 4 bench_fsdp --layers 4 --dim 256
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <functional>
 #include <vector>
@@ -56,6 +57,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps);
   double ddp_bucket_cap_mb = 25.0;
   app.add_option("--ddp-bucket-cap-mb", ddp_bucket_cap_mb, "DDP's bucket_cap_mb (PyTorch's default 25)");
+  std::string trace_dir;
+  app.add_option("--trace", trace_dir,
+                 "Write a Chrome trace of two FSDP steps per rank to DIR/rank-<R>.json "
+                 "(scripts/merge-chrome-traces.py merges them)");
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(1);
 
@@ -73,7 +78,16 @@ int main(int argc, char** argv) {
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-4));
   auto fsdp_step = [&] {
     opt.zero_grad();
-    language_model_loss(model->forward(tokens), targets).backward();
+    at::Tensor loss;
+    {
+      fsdpp::profiler::record_function span("forward");
+      loss = language_model_loss(model->forward(tokens), targets);
+    }
+    {
+      fsdpp::profiler::record_function span("backward");
+      loss.backward();
+    }
+    fsdpp::profiler::record_function span("optimizer");
     opt.step();
   };
   fsdp_step();  // Adam state exists from here on
@@ -109,6 +123,16 @@ int main(int argc, char** argv) {
     wire = comm.bytes_sent("all_gather_into_tensor") + comm.bytes_sent("reduce_scatter_tensor");
   }
   const double fsdp_time = median_step(fsdp_step, warmup, steps, &world);
+  if (!trace_dir.empty()) {
+    std::filesystem::create_directories(trace_dir);
+    fsdpp::profiler::start();
+    for (int step = 0; step < 2; ++step) {
+      fsdpp::profiler::record_function span("step " + std::to_string(step));
+      fsdp_step();
+    }
+    fsdpp::profiler::stop();
+    fsdpp::profiler::export_chrome_trace(trace_dir + "/rank-" + std::to_string(rank) + ".json");
+  }
   for (const auto& m : model->modules())
     if (auto* unit = dynamic_cast<fsdpp::FSDPModule*>(m.get())) {
       unit->set_modules_to_forward_prefetch({});

@@ -15,6 +15,7 @@
 #include <fsdpp/optim_state_dict.h>
 #include <fsdpp/placement.h>
 #include <fsdpp/process_group.h>
+#include <fsdpp/profiler.h>
 #include <fsdpp/reshard_policy.h>
 #include <fsdpp/sharded_tensor.h>
 #include <fsdpp/state_dict.h>

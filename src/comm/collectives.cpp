@@ -12,6 +12,7 @@
 #include "comm/hang_report.h"
 #include "comm/process_group_impl.h"
 #include "comm/wire_bytes.h"
+#include "profiler/timeline.h"
 
 namespace fsdpp {
 namespace {
@@ -258,6 +259,51 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   }
 }
 
+// The profiler's view of a collective: issued on the caller's thread (inside its innermost
+// record_function), then run on the group's comm thread.
+struct TraceIssue {
+  long long at_us = -1;  // -1: not recording when issued
+  std::string in;
+};
+
+TraceIssue trace_issue(const std::string& name, const std::string& description) {
+  TraceIssue issue{profiler::detail::now_us(), profiler::detail::current_span()};
+  profiler::detail::record({"issue " + name, "collective", issue.at_us, -1, {{"collective", description}, {"in", issue.in}}});
+  return issue;
+}
+
+// A span of the comm thread's track, from the start of the run to its end (or failure).
+class TraceRun {
+ public:
+  TraceRun(const ProcessGroupImpl& g, const std::string& name, const std::string& description, const TraceIssue& issue,
+           int64_t bytes_sent)
+      : name_(name), description_(description), issue_(issue), bytes_sent_(bytes_sent) {
+    if (!profiler::detail::recording()) return;
+    start_us_ = profiler::detail::now_us();
+    profiler::detail::name_this_thread("comm thread of group " + g.name);
+  }
+  ~TraceRun() {
+    if (start_us_ < 0) return;
+    std::vector<std::pair<std::string, std::string>> args{{"collective", description_},
+                                                          {"bytes sent", std::to_string(bytes_sent_)}};
+    if (issue_.at_us >= 0) {
+      args.emplace_back("issued in", issue_.in);
+      args.emplace_back("queued us", std::to_string(start_us_ - issue_.at_us));
+    }
+    if (std::uncaught_exceptions() > 0) args.emplace_back("failed", "yes");
+    profiler::detail::record({name_, "collective", start_us_, profiler::detail::now_us() - start_us_, std::move(args)});
+  }
+  TraceRun(const TraceRun&) = delete;
+  TraceRun& operator=(const TraceRun&) = delete;
+
+ private:
+  const std::string& name_;
+  const std::string& description_;
+  const TraceIssue& issue_;
+  int64_t bytes_sent_;
+  long long start_us_ = -1;
+};
+
 // Validation and counting happen in the caller's thread; the exchange itself runs on the
 // group's comm thread, preceded by the cross-rank check when it is on.
 Work submit(const ProcessGroupImpl& g, Kind kind, Intent intent, int64_t bytes_sent, const std::string& what,
@@ -268,8 +314,11 @@ Work submit(const ProcessGroupImpl& g, Kind kind, Intent intent, int64_t bytes_s
   if (bytes_sent >= 0) CommDebugMode::record(kKindNames[kind], bytes_sent);
   std::string description = std::string(kKindNames[kind]) + "(" + what + ") #" + std::to_string(seq) + " on " + g.where();
   const bool check = g.check_collectives && g.size() > 1;
+  std::string trace_name = std::string(kKindNames[kind]) + " #" + std::to_string(seq) + " " + g.name;
+  auto issued = profiler::detail::recording() ? trace_issue(trace_name, description) : TraceIssue{};
   auto state = g.comm_thread->enqueue(description, [&g, check, seq, description, intent = std::move(intent),
-                                                    run = std::move(run)] {
+                                                    run = std::move(run), trace_name, issued, bytes_sent] {
+    TraceRun traced(g, trace_name, description, issued, bytes_sent);
     try {
       if (check) check_intent(g, intent);
       run();
@@ -286,6 +335,7 @@ Work submit(const ProcessGroupImpl& g, Kind kind, Intent intent, int64_t bytes_s
       throw Error(description + " failed: " + detail::report_hang(g, seq, description, own_timeout));
     }
   });
+  state->trace_name = std::move(trace_name);
   Work work(state);
   if (!async_op) work.wait();
   return work;

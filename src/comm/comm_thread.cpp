@@ -1,9 +1,11 @@
 #include "comm/comm_thread.h"
 
 #include <fsdpp/error.h>
+#include <fsdpp/profiler.h>
 #include <fsdpp/work.h>
 
 #include "comm/error_message.h"
+#include "profiler/timeline.h"
 
 namespace fsdpp::detail {
 
@@ -79,7 +81,9 @@ void CommThread::loop() {
 namespace fsdpp {
 
 void Work::wait() const {
-  if (state_) state_->wait();
+  if (!state_) return;
+  profiler::record_function span(profiler::detail::recording() ? "wait " + state_->trace_name : std::string());
+  state_->wait();
 }
 
 bool Work::is_completed() const { return !state_ || state_->is_completed(); }

@@ -14,6 +14,7 @@ namespace fsdpp::detail {
 // Completion state shared between a Work handle and the comm thread.
 struct WorkState {
   std::string description;  // names the collective, group and rank for error messages
+  std::string trace_name;   // "all_reduce #3 world", for the profiler's wait spans
   std::mutex mutex;
   std::condition_variable done_cv;
   bool done = false;

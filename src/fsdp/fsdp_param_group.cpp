@@ -9,15 +9,18 @@
 
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
+#include <fsdpp/profiler.h>
 
 #include "fsdp/fsdp_collectives.h"
 #include "fsdp/testing_delays.h"
+#include "profiler/timeline.h"
 
 namespace fsdpp::detail {
 
 FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, UnitGroups groups,
-                               std::string unit_name, const ParamGroupPolicies& policies)
+                               std::string unit_name, std::string trace_name, const ParamGroupPolicies& policies)
     : unit_name_(std::move(unit_name)),
+      trace_name_(std::move(trace_name)),
       process_group_(std::move(groups.shard)),
       replicate_group_(groups.replicated() ? std::move(groups.replicate) : ProcessGroup()),
       offload_policy_(policies.offload_policy),
@@ -154,6 +157,7 @@ void FSDPParamGroup::free_unsharded() { release_storage(unsharded_flat_); }
 
 void FSDPParamGroup::unshard(UnshardFor purpose) {
   if (unsharded_ || all_gather_output_.defined()) return;
+  profiler::record_function span(profiler::detail::span_name("FSDP::unshard", trace_name_));
   // A reduce-scatter left in flight by a backward that was not the last one.
   finalize_backward();
   if (purpose != UnshardFor::kBackward) drop_post_forward_shard();
@@ -212,6 +216,7 @@ void FSDPParamGroup::reshard_after_forward() {
 
 void FSDPParamGroup::wait_for_unshard() {
   if (unsharded_) return;
+  profiler::record_function span(profiler::detail::span_name("FSDP::wait_for_unshard", trace_name_));
   if (!all_gather_output_.defined()) unshard();
   at::Tensor output = std::move(all_gather_output_);
   all_gather_output_ = at::Tensor();
@@ -327,6 +332,7 @@ void FSDPParamGroup::reshard() {
 }
 
 bool FSDPParamGroup::post_backward() {
+  profiler::record_function span(profiler::detail::span_name("FSDP::post_backward", trace_name_));
   if (reduce_scatter_output_.defined())
     throw Error("FSDP unit " + unit_name_ + ": a second post-backward before the previous reduce-scatter finished");
   std::vector<at::Tensor> grads(params_.size());
@@ -402,6 +408,7 @@ bool FSDPParamGroup::reduce_across_replicas(at::Tensor& output) {
 
 void FSDPParamGroup::finalize_backward() {
   if (!reduce_scatter_output_.defined()) return;
+  profiler::record_function span(profiler::detail::span_name("FSDP::finalize_backward", trace_name_));
   at::Tensor output = std::move(reduce_scatter_output_);
   reduce_scatter_output_ = at::Tensor();
   Work work = std::move(reduce_scatter_work_);

@@ -42,8 +42,9 @@ class FSDPParamGroup {
   // The policies are checked by the caller. The compute device is the parameters' device.
   // Parameters are sharded across groups.shard; under HSDP each reduced gradient shard is then
   // averaged across groups.replicate.
+  // `trace_name` tells units apart in profiler spans (unit names are module type names).
   FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, UnitGroups groups, std::string unit_name,
-                 const ParamGroupPolicies& policies = {});
+                 std::string trace_name, const ParamGroupPolicies& policies = {});
   ~FSDPParamGroup();
   FSDPParamGroup(const FSDPParamGroup&) = delete;
   FSDPParamGroup& operator=(const FSDPParamGroup&) = delete;
@@ -130,6 +131,7 @@ class FSDPParamGroup {
   void drop_post_forward_shard();
 
   std::string unit_name_;
+  std::string trace_name_;
   ProcessGroup process_group_;    // the shard group
   ProcessGroup replicate_group_;  // HSDP: defined, of more than one rank
   int rank_ = 0;

@@ -75,7 +75,7 @@ FSDPState::FSDPState(std::string name, std::vector<std::pair<std::string, at::Te
     }
   }
   if (!params.empty()) {
-    param_group_.emplace(params, std::move(groups), name_, policies);
+    param_group_.emplace(params, std::move(groups), name_, "unit " + std::to_string(id_) + " (" + name_ + ")", policies);
   }
   std::lock_guard<std::mutex> lock(r.mutex);
   for (auto& [fqn, p] : params) r.sharded[p.unsafeGetTensorImpl()] = name_;

@@ -1,0 +1,125 @@
+#include <fsdpp/profiler.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include <fsdpp/error.h>
+#include <fsdpp/process_group.h>
+
+#include "profiler/timeline.h"
+
+namespace fsdpp::profiler {
+namespace detail {
+
+std::atomic<bool> g_recording{false};
+
+namespace {
+
+struct RecordedEvent {
+  Event event;
+  int track;
+};
+
+std::mutex g_mutex;
+std::vector<RecordedEvent> g_events;
+std::map<int, std::string> g_track_names;
+int g_next_track = 0;
+
+// Small numbers for threads, in the order they first record: stable across a trace's tracks.
+int this_track() {
+  thread_local int track = -1;
+  if (track < 0) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    track = g_next_track++;
+  }
+  return track;
+}
+
+thread_local std::vector<const std::string*> t_open_spans;
+
+}  // namespace
+
+long long now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string current_span() { return t_open_spans.empty() ? std::string() : *t_open_spans.back(); }
+
+void name_this_thread(const std::string& name) {
+  const int track = this_track();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_track_names[track] = name;
+}
+
+void record(Event event) {
+  if (!recording()) return;
+  const int track = this_track();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_events.push_back({std::move(event), track});
+}
+
+}  // namespace detail
+
+void start() {
+  {
+    std::lock_guard<std::mutex> lock(detail::g_mutex);
+    detail::g_events.clear();
+  }
+  detail::g_recording = true;
+}
+
+void stop() { detail::g_recording = false; }
+
+bool is_recording() { return detail::recording(); }
+
+void export_chrome_trace(const std::string& path) {
+  const int pid = is_initialized() ? default_group().rank() : static_cast<int>(getpid());
+  nlohmann::json events = nlohmann::json::array();
+  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid},
+                    {"args", {{"name", is_initialized() ? "rank " + std::to_string(pid) : "pid " + std::to_string(pid)}}}});
+  events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
+  {
+    std::lock_guard<std::mutex> lock(detail::g_mutex);
+    for (const auto& [track, name] : detail::g_track_names)
+      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", track}, {"args", {{"name", name}}}});
+    for (const auto& [e, track] : detail::g_events) {
+      nlohmann::json args = nlohmann::json::object();
+      for (const auto& [key, value] : e.args) args[key] = value;
+      nlohmann::json out = {{"name", e.name}, {"cat", e.category}, {"ts", e.start_us}, {"pid", pid}, {"tid", track},
+                            {"args", std::move(args)}};
+      if (e.duration_us >= 0) {
+        out["ph"] = "X";
+        out["dur"] = e.duration_us;
+      } else {
+        out["ph"] = "i";
+        out["s"] = "t";
+      }
+      events.push_back(std::move(out));
+    }
+  }
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  if (file) file << nlohmann::json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}.dump() << '\n';
+  if (!file) throw Error("profiler::export_chrome_trace: cannot write '" + path + "'");
+}
+
+record_function::record_function(std::string name) : name_(std::move(name)) {
+  if (!detail::recording()) return;
+  start_us_ = detail::now_us();
+  detail::t_open_spans.push_back(&name_);
+}
+
+record_function::~record_function() {
+  if (start_us_ < 0) return;
+  detail::t_open_spans.pop_back();
+  detail::record({std::move(name_), "phase", start_us_, detail::now_us() - start_us_, {}});
+}
+
+}  // namespace fsdpp::profiler

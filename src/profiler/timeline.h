@@ -1,0 +1,39 @@
+#pragma once
+// What fsdpp's own code records into the profiler's timeline (include/fsdpp/profiler.h).
+// Private to fsdpp.
+#include <atomic>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fsdpp::profiler::detail {
+
+extern std::atomic<bool> g_recording;
+inline bool recording() { return g_recording.load(std::memory_order_relaxed); }
+
+// "what who" while recording, "" otherwise: a record_function name not built when not needed.
+inline std::string span_name(const char* what, const std::string& who) {
+  return recording() ? std::string(what) + " " + who : std::string();
+}
+
+// Microseconds of the wall clock (ranks' timelines line up when merged).
+long long now_us();
+
+// The innermost record_function open on the calling thread, "" if none.
+std::string current_span();
+
+// Names the calling thread's track, e.g. "comm thread of group world".
+void name_this_thread(const std::string& name);
+
+struct Event {
+  std::string name;
+  std::string category;
+  long long start_us = 0;
+  long long duration_us = -1;  // -1: an instant
+  std::vector<std::pair<std::string, std::string>> args;
+};
+
+// Adds `event` on the calling thread's track, if recording.
+void record(Event event);
+
+}  // namespace fsdpp::profiler::detail

@@ -1,0 +1,182 @@
+// fsdpp::profiler: a Chrome trace of each rank's collectives (issued, run on the comm thread,
+// waited on), FSDP's per-unit spans, and the user's record_function spans.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include <fsdpp/comm_debug_mode.h>
+#include <fsdpp/error.h>
+#include <fsdpp/profiler.h>
+
+#include "dist/fsdp_test_util.h"
+#include "harness/error_of.h"
+
+namespace fsdpp {
+namespace {
+
+using nlohmann::json;
+
+// One rank's trace, read back from the file export_chrome_trace wrote.
+struct Trace {
+  json events;
+  std::map<int, std::string> track_names;
+
+  explicit Trace(const std::string& path) {
+    std::ifstream in(path);
+    const json file = json::parse(in);
+    events = file.at("traceEvents");
+    for (const auto& e : events)
+      if (e.at("name") == "thread_name") track_names[e.at("tid").get<int>()] = e.at("args").at("name");
+  }
+
+  // The events (not metadata) whose name starts with `prefix`.
+  std::vector<json> named(const std::string& prefix) const {
+    std::vector<json> found;
+    for (const auto& e : events)
+      if (e.at("ph") != "M" && e.at("name").get<std::string>().rfind(prefix, 0) == 0) found.push_back(e);
+    return found;
+  }
+
+  const json& only(const std::string& prefix) const {
+    static const json none;
+    const auto found = named(prefix);
+    EXPECT_EQ(found.size(), 1u) << "events named '" << prefix << "...'";
+    for (const auto& e : events)
+      if (e.at("ph") != "M" && e.at("name").get<std::string>().rfind(prefix, 0) == 0) return e;
+    return none;
+  }
+};
+
+long long end_of(const json& e) { return e.at("ts").get<long long>() + e.at("dur").get<long long>(); }
+
+class ProfilerTest : public testing::WorldSizeTest {};
+
+TEST_P(ProfilerTest, RecordsEachCollectiveIssuedRunAndWaited) {
+  testing::run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size;
+    at::Tensor t = at::ones({1 << 10});
+    at::Tensor shard = at::ones({100}), full = at::empty({100 * n});
+    all_reduce(t);  // before recording: not in the trace
+    CommDebugMode mode;
+    profiler::start();
+    {
+      profiler::record_function step("step");
+      all_reduce(t);
+      Work gather = all_gather_into_tensor(full, shard, {}, /*async_op=*/true);
+      { profiler::record_function compute("compute"); }
+      gather.wait();
+    }
+    profiler::stop();
+    const int64_t all_reduce_bytes = mode.bytes_sent("all_reduce");
+    const int64_t all_gather_bytes = mode.bytes_sent("all_gather_into_tensor");
+    all_reduce(t);  // after: not in the trace either
+    const std::string path = ctx.temp_dir + "/rank-" + std::to_string(ctx.rank) + ".json";
+    profiler::export_chrome_trace(path);
+    const Trace trace(path);
+
+    bool named_process = false;
+    for (const auto& e : trace.events)
+      if (e.at("name") == "process_name") named_process = e.at("args").at("name") == "rank " + std::to_string(ctx.rank);
+    EXPECT_TRUE(named_process);
+    for (const auto& e : trace.events) EXPECT_EQ(e.at("pid"), ctx.rank);
+    // all_reduce #0 ran before recording and #3 after; #1 (all_reduce) and #2 (all_gather) inside.
+    EXPECT_TRUE(trace.named("all_reduce #0 ").empty());
+    EXPECT_TRUE(trace.named("all_reduce #3 ").empty());
+    const json& step = trace.only("step");
+    const json& compute = trace.only("compute");
+    EXPECT_LE(step.at("ts"), compute.at("ts"));
+    EXPECT_LE(end_of(compute), end_of(step));
+    EXPECT_EQ(step.at("tid"), compute.at("tid"));
+
+    for (const std::string kind : {"all_reduce #1 world", "all_gather_into_tensor #2 world"}) {
+      SCOPED_TRACE(kind);
+      const json& issue = trace.only("issue " + kind);
+      const json& run = trace.only(kind);
+      const json& wait = trace.only("wait " + kind);
+      EXPECT_EQ(issue.at("ph"), "i");
+      EXPECT_EQ(issue.at("args").at("in"), "step");
+      EXPECT_EQ(issue.at("tid"), step.at("tid"));
+      EXPECT_EQ(run.at("ph"), "X");
+      EXPECT_EQ(trace.track_names.at(run.at("tid").get<int>()), "comm thread of group world");
+      EXPECT_NE(run.at("tid"), step.at("tid"));
+      EXPECT_EQ(run.at("args").at("issued in"), "step");
+      EXPECT_EQ(wait.at("tid"), step.at("tid"));
+      // Issued, then run, then the wait returned; all inside the step.
+      EXPECT_LE(step.at("ts"), issue.at("ts"));
+      EXPECT_LE(issue.at("ts"), run.at("ts"));
+      EXPECT_LE(end_of(run), end_of(wait));
+      EXPECT_LE(end_of(wait), end_of(step));
+    }
+    EXPECT_EQ(trace.only("all_reduce #1 world").at("args").at("bytes sent"), std::to_string(all_reduce_bytes));
+    EXPECT_EQ(trace.only("all_gather_into_tensor #2 world").at("args").at("bytes sent"),
+              std::to_string(all_gather_bytes));
+    // The asynchronous all-gather was waited on after the compute span.
+    EXPECT_LE(end_of(compute), trace.only("wait all_gather_into_tensor #2 world").at("ts").get<long long>());
+
+    // start() clears what the last recording left.
+    profiler::start();
+    profiler::stop();
+    profiler::export_chrome_trace(path);
+    EXPECT_TRUE(Trace(path).named("step").empty());
+  });
+}
+
+// Every FSDP unit's all-gather is issued inside its FSDP::unshard span and its reduce-scatter
+// inside its FSDP::post_backward span, so a trace shows which unit each collective serves.
+TEST_P(ProfilerTest, FSDPUnitsNameTheirCollectives) {
+  testing::run_ranks(GetParam(), [](RankContext& ctx) {
+    torch::manual_seed(0);
+    const auto options = FullyShardOptions();
+    FSDPSequential model(make_multi_group(true, options), options);
+    const size_t units = fsdp_units(*model).size();
+    ASSERT_EQ(units, 3u);
+    profiler::start();
+    at::Tensor loss;
+    {
+      profiler::record_function forward("forward");
+      loss = model->forward(torch::randn({4, 7})).sum();
+    }
+    {
+      profiler::record_function backward("backward");
+      loss.backward();
+    }
+    profiler::stop();
+    const std::string path = ctx.temp_dir + "/rank-" + std::to_string(ctx.rank) + ".json";
+    profiler::export_chrome_trace(path);
+    const Trace trace(path);
+
+    std::set<std::string> unshard_spans, post_backward_spans, gathered_in, reduced_in;
+    for (const auto& e : trace.named("FSDP::unshard ")) unshard_spans.insert(e.at("name"));
+    for (const auto& e : trace.named("FSDP::post_backward ")) post_backward_spans.insert(e.at("name"));
+    for (const auto& e : trace.named("all_gather_into_tensor #")) gathered_in.insert(e.at("args").at("issued in"));
+    for (const auto& e : trace.named("reduce_scatter_tensor #")) reduced_in.insert(e.at("args").at("issued in"));
+    EXPECT_EQ(unshard_spans.size(), units);
+    EXPECT_EQ(post_backward_spans.size(), units);
+    EXPECT_EQ(gathered_in, unshard_spans);
+    if (ctx.world_size > 1) {
+      EXPECT_EQ(reduced_in, post_backward_spans);
+    }
+    // The root's all-gather is issued inside forward, the gradients' reduce-scatters inside backward.
+    const json& forward = trace.only("forward");
+    const json& backward = trace.only("backward");
+    for (const auto& e : trace.named("issue all_gather_into_tensor #"))
+      EXPECT_TRUE(e.at("ts") >= forward.at("ts") && e.at("ts") <= end_of(backward)) << e;
+    for (const auto& e : trace.named("issue reduce_scatter_tensor #"))
+      EXPECT_TRUE(e.at("ts") >= backward.at("ts") && e.at("ts") <= end_of(backward)) << e;
+    EXPECT_FALSE(trace.named("wait all_gather_into_tensor").empty());
+  });
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(ProfilerTest);
+
+TEST(ProfilerErrors, ExportNamesTheFileItCannotWrite) {
+  const std::string error = testing::error_of([] { profiler::export_chrome_trace("/nonexistent-dir/trace.json"); });
+  EXPECT_NE(error.find("'/nonexistent-dir/trace.json'"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace fsdpp
