@@ -186,10 +186,32 @@ TEST_P(FullyShardRegisteredParams, ParamRegistrationAfterForward) {
   });
 }
 
+// Seed 001 test_param_registration_after_backward: after backward every parameter is its shard
+// again (values unchanged) with a shard-shaped gradient, for the root-only model (one unit, which
+// did not reshard after its forward) and for multiple groups.
 TEST_P(FullyShardRegisteredParams, ParamRegistrationAfterBackward) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     const int n = ctx.world_size, rank = ctx.rank;
     for (bool reshard_after_forward : {true, false}) {
+      // Single group (root only).
+      const Shapes shapes{{8, 7}, {7, 8}};
+      torch::manual_seed(42);
+      Sequential ref1 = make_mlp(shapes);
+      torch::manual_seed(42);
+      FSDPSequential root_only(make_mlp(shapes), FullyShardOptions().reshard_after_forward(reshard_after_forward));
+      expect_sharded(root_only->parameters(), ref1->parameters(), rank, n, "root only at rest");
+      root_only->forward(torch::randn({2, 8}));
+      expect_full(root_only->parameters(), ref1->parameters(), "root only after forward");
+      root_only->forward(torch::randn({2, 8})).sum().backward();
+      expect_sharded(root_only->parameters(), ref1->parameters(), rank, n, "root only after backward");
+      auto params1 = root_only->parameters();
+      auto ref_params1 = ref1->parameters();
+      for (size_t i = 0; i < params1.size(); ++i) {
+        ASSERT_TRUE(params1[i].grad().defined()) << "root only " << i;
+        EXPECT_EQ(params1[i].grad().sizes(), shard_rows(ref_params1[i], rank, n).sizes()) << "root only " << i;
+      }
+
+      // Multiple groups.
       torch::manual_seed(42);
       Sequential ref = make_multi_group(false, {});
       torch::manual_seed(42);
