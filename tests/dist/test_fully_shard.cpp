@@ -274,44 +274,124 @@ TEST_P(FullyShardGradientAccumulation, AccumulatesIntoUnzeroedGrad) {
 
 FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardGradientAccumulation);
 
-// set_requires_gradient_sync(false) on all microbatches but the last: no communication
-// until then, and the last backward reduces the sum of all of them.
+// Seed 001 test_gradient_accumulation (its body is a stub; the scenario its parameters name, as
+// PyTorch's full test runs it): a root holding Linear(8, 8) and three MLP units; each iteration
+// runs 3 microbatches and only the last syncs gradients, for the units the mode picks:
+//   all        set_requires_gradient_sync(last) on the root, recursively;
+//   root_only  on the root only (recurse = false): the MLPs reduce every microbatch;
+//   some_mlps  on the first two MLPs: the third MLP and the root reduce every microbatch;
+// with reshard_after_backward = false, the same units also keep their parameters gathered
+// between microbatches (set_reshard_after_backward(last)). Swept: mode x reshard_after_forward
+// True / False / 2 (even world sizes) x reshard_after_backward F/T, and CPUOffloadPolicy for
+// reshard_after_forward True. Per microbatch the losses match the plain model's on the global
+// batch; per iteration the all-gathers and reduce-scatters are counted (derived unit by unit
+// from the flags below) and, after the last microbatch, every gradient shard equals the plain
+// model's accumulated gradient; then both step (Adam) and the parameters agree.
+enum class AccumulationMode { kAll, kRootOnly, kSomeMlps };
+
 TEST_P(FullyShardGradientAccumulation, GradientAccumulation) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     const int n = ctx.world_size, rank = ctx.rank;
     const int64_t local = kGlobalBatch / n;
-    for (bool reshard_after_forward : {true, false}) {
-      const auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
+    constexpr int kMlps = 3, kMicrobatches = 3, kIterations = 3, kDisabledMlps = 2;
+    auto make = [](bool wrap, const FullyShardOptions& options) {
       torch::manual_seed(42);
-      Sequential ref = make_multi_group(false, options);
-      torch::manual_seed(42);
-      FSDPSequential model(make_multi_group(true, options), options);
-      const int microbatches = 3;
-      for (int round = 0; round < 2; ++round) {
-        for (auto& p : ref->parameters()) p.mutable_grad().reset();
-        for (auto& p : model->parameters()) p.mutable_grad().reset();
-        for (int micro = 0; micro < microbatches; ++micro) {
-          const bool last = micro == microbatches - 1;
-          model->set_requires_gradient_sync(last);
-          torch::manual_seed(100 * round + micro);
-          at::Tensor x = torch::randn({kGlobalBatch, 7});
-          ref->forward(x).pow(2).mean().backward();
-          CommDebugMode comm;
-          model->forward(x.narrow(0, rank * local, local)).pow(2).mean().backward();
-          EXPECT_EQ(comm.count("reduce_scatter_tensor"), last ? 3 : 0) << "round " << round << " micro " << micro;
-          if (!last) {
-            for (auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined()) << "no .grad before the sync";
+      Sequential s(Linear(8, 8));
+      for (int i = 0; i < kMlps; ++i) {
+        MLP mlp(8, 16);
+        if (wrap)
+          s->push_back(FullyShardedDataParallel<MLPImpl>(mlp, options));
+        else
+          s->push_back(mlp);
+      }
+      return s;
+    };
+    struct Case {
+      FullyShardOptions options;
+      std::string name;
+    };
+    std::vector<Case> cases;
+    for (const auto& [options, raf] : reshard_after_forward_sweep(n)) cases.push_back({options, raf});
+    cases.push_back({FullyShardOptions().reshard_after_forward(true).offload_policy(CPUOffloadPolicy()), "raf T offload"});
+    for (const Case& c : cases)
+      for (AccumulationMode mode : {AccumulationMode::kAll, AccumulationMode::kRootOnly, AccumulationMode::kSomeMlps})
+        for (bool reshard_after_backward : {false, true}) {
+          const std::string label = c.name + (mode == AccumulationMode::kAll        ? " all"
+                                              : mode == AccumulationMode::kRootOnly ? " root_only"
+                                                                                    : " some_mlps") +
+                                    " rab " + (reshard_after_backward ? "T" : "F");
+          const bool raf_reshards = c.name != "raf F";
+          Sequential ref = make(false, {});
+          FSDPSequential model(make(true, c.options), c.options);
+          auto units = fsdp_units(*model);  // the root, then the MLPs in order
+          ASSERT_EQ(units.size(), 1u + kMlps);
+          auto ref_opt = make_optimizer(Optim::kAdam, ref->parameters());
+          auto opt = make_optimizer(Optim::kAdam, model->parameters());
+          // The units whose gradient sync (and, without reshard_after_backward, resharding after
+          // backward) waits for the last microbatch.
+          std::vector<bool> waits(units.size(), false);
+          for (size_t u = 0; u < units.size(); ++u)
+            waits[u] = mode == AccumulationMode::kAll || (mode == AccumulationMode::kRootOnly && u == 0) ||
+                       (mode == AccumulationMode::kSomeMlps && u >= 1 && u <= kDisabledMlps);
+          for (int iter = 0; iter < kIterations; ++iter) {
+            const std::string where = label + " iteration " + std::to_string(iter);
+            int64_t expected_gathers = 0, expected_reduce_scatters = 0;
+            std::vector<bool> sharded(units.size(), true);  // every unit is sharded at an iteration's start
+            CommDebugMode comm;
+            for (int micro = 0; micro < kMicrobatches; ++micro) {
+              const bool last = micro == kMicrobatches - 1;
+              switch (mode) {
+                case AccumulationMode::kAll:
+                  model->set_requires_gradient_sync(last);
+                  if (!reshard_after_backward) model->set_reshard_after_backward(last);
+                  break;
+                case AccumulationMode::kRootOnly:
+                  model->set_requires_gradient_sync(last, /*recurse=*/false);
+                  if (!reshard_after_backward) model->set_reshard_after_backward(last, /*recurse=*/false);
+                  break;
+                case AccumulationMode::kSomeMlps:
+                  for (int u = 1; u <= kDisabledMlps; ++u) {
+                    units[u]->set_requires_gradient_sync(last);
+                    if (!reshard_after_backward) units[u]->set_reshard_after_backward(last);
+                  }
+                  break;
+              }
+              for (size_t u = 0; u < units.size(); ++u) {
+                const bool syncs = !waits[u] || last;
+                expected_gathers += sharded[u];                 // forward gathers a sharded unit
+                expected_gathers += u > 0 && raf_reshards;      // backward re-gathers what forward freed (never the root)
+                expected_reduce_scatters += syncs;
+                sharded[u] = syncs || reshard_after_backward;  // a syncing backward always reshards
+              }
+              torch::manual_seed(100 * iter + micro);
+              at::Tensor x = torch::randn({kGlobalBatch, 8});
+              at::Tensor ref_loss = ref->forward(x).pow(2).mean();
+              ref_loss.backward();
+              at::Tensor loss = model->forward(x.narrow(0, rank * local, local)).pow(2).mean();
+              loss.backward();
+              at::Tensor global_loss = loss.detach().clone();
+              all_reduce(global_loss, ReduceOp::AVG);
+              expect_close(global_loss, ref_loss.detach(), where + " micro " + std::to_string(micro) + " loss");
+            }
+            EXPECT_EQ(comm.count("all_gather_into_tensor"), expected_gathers) << where;
+            EXPECT_EQ(comm.count("reduce_scatter_tensor"), expected_reduce_scatters) << where;
+            auto params = model->parameters();
+            auto ref_params = ref->parameters();
+            ASSERT_EQ(params.size(), ref_params.size());
+            for (size_t i = 0; i < params.size(); ++i) {
+              ASSERT_EQ(params[i].sizes(), shard_rows(ref_params[i], rank, n).sizes()) << where << " param " << i;
+              expect_close(params[i].grad(), shard_rows(ref_params[i].grad(), rank, n), where + " grad " + std::to_string(i));
+            }
+            ref_opt->step();
+            opt->step();
+            auto full = full_params(*model);
+            for (size_t i = 0; i < full.size(); ++i)
+              expect_close(full[i], ref_params[i].detach(), where + " param " + std::to_string(i));
+            ref_opt->zero_grad();
+            opt->zero_grad();
+            if (::testing::Test::HasFailure()) return;
           }
         }
-        auto params = model->parameters();
-        auto ref_params = ref->parameters();
-        for (size_t i = 0; i < params.size(); ++i) {
-          ASSERT_EQ(params[i].sizes(), shard_rows(ref_params[i], rank, n).sizes());
-          expect_close(params[i].grad(), shard_rows(ref_params[i].grad(), rank, n),
-                       "round " + std::to_string(round) + " grad " + std::to_string(i));
-        }
-      }
-    }
   });
 }
 
