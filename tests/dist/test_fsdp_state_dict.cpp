@@ -10,8 +10,8 @@
 
 #include <cstdio>
 #include <fstream>
-#include <map>
 #include <functional>
+#include <map>
 #include <optional>
 #include <unordered_set>
 
@@ -23,11 +23,13 @@
 #include <fsdpp/optim_state_dict.h>
 #include <fsdpp/sharded_tensor.h>
 #include <fsdpp/state_dict.h>
+#include <fsdpp/wrap_policy.h>
 
 #include "compat/optimizer_state_key.h"
 #include "dist/world_sizes.h"
 #include "harness/error_of.h"
 #include "harness/multi_process.h"
+#include "transformer.h"
 
 namespace fsdpp {
 namespace {
@@ -180,9 +182,10 @@ const std::vector<StateDictType> kAllTypes{StateDictType::FULL_STATE_DICT, State
 
 class FSDPStateDict : public testing::WorldSizeTest {};
 
-// Seed 000 test_state_dict_save_load_flow / seed 002 test_state_dict_save_load_flow: train,
-// take the state dict, zero the model, load, and the model equals the trained one; its FULL
-// state dict equals the reference trained single-process.
+// Seed 000 test_state_dict_save_load_flow: train, take the state dict, zero the model, load, and
+// the model equals the trained one; its FULL state dict equals the reference trained
+// single-process (the seed's DDP run). Seed 002's test of the same name is
+// FullyShardIgnored.test_state_dict_save_load_flow.
 TEST_P(FSDPStateDict, StateDictSaveLoadFlow) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     Net ref = make_net(Wrap::kNone);
@@ -244,28 +247,48 @@ TEST_P(FSDPStateDict, FsdpStateDictKeys) {
   });
 }
 
-// Seed 000 test_state_dict_load_into_local_module and test_basic_save_and_load_state_dict:
-// a FULL state dict (also rank0_only + offload) loads into the plain model, and the plain
-// model's state dict loads into the FSDP model.
+// Seed 000 test_state_dict_load_into_local_module: an FSDP model trained 3 steps, with an FSDP
+// root (nested units) or a plain root holding units (the seed's fsdp_root False), gives a FULL
+// (also rank0_only + offload) or SHARDED state dict; gathered into whole tensors (the seed's
+// _gather_state_dict) it loads strictly into the zeroed plain model, which then holds the
+// trained values. The other way, the plain model's state dict loads into the FSDP model.
 TEST_P(FSDPStateDict, StateDictLoadIntoLocalModule) {
   run_ranks(GetParam(), [](RankContext& ctx) {
-    for (bool rank0_only_and_offload : {false, true}) {
-      Net net = make_net(Wrap::kNested);
-      train(net, 2, ctx.rank, ctx.world_size);
-      const auto trained = full_values(*net.module);
-      auto scope = state_dict_type(*net.module, StateDictType::FULL_STATE_DICT,
-                                   FullStateDictConfig().rank0_only(rank0_only_and_offload).offload_to_cpu(rank0_only_and_offload));
-      StateDict sd = state_dict(*net.module);
-      if (rank0_only_and_offload && ctx.rank != 0) {
-        EXPECT_TRUE(sd.empty());
-        EXPECT_TRUE(sd.rank0_only_placeholder);
-        continue;
-      }
-      Net blank = make_net(Wrap::kNone);
-      zero_model(*blank.module);
-      load_state_dict(*blank.module, sd);
-      expect_equal_values(full_values(*blank.module), trained, "plain model loaded");
-    }
+    for (Wrap wrap : {Wrap::kNested, Wrap::kSubmodules})
+      for (StateDictType type : {StateDictType::FULL_STATE_DICT, StateDictType::SHARDED_STATE_DICT})
+        for (bool rank0_only_and_offload : {false, true}) {
+          if (rank0_only_and_offload && type != StateDictType::FULL_STATE_DICT) continue;
+          const std::string what = std::string(name_of(wrap)) + " " + to_string(type) +
+                                   (rank0_only_and_offload ? " rank0_only+offload" : "");
+          Net net = make_net(wrap);
+          train(net, 3, ctx.rank, ctx.world_size);
+          const auto trained = full_values(*net.module);
+          std::optional<StateDictConfig> config;
+          if (rank0_only_and_offload) config = FullStateDictConfig().rank0_only(true).offload_to_cpu(true);
+          StateDict sd;
+          {
+            auto scope = state_dict_type(*net.module, type, config);
+            sd = state_dict(*net.module);
+          }
+          if (rank0_only_and_offload && ctx.rank != 0) {
+            if (wrap == Wrap::kNested) {
+              EXPECT_TRUE(sd.empty()) << what;
+              EXPECT_TRUE(sd.rank0_only_placeholder) << what;
+            }
+            continue;
+          }
+          EXPECT_EQ(sd.keys(), kNetKeys) << what;
+          StateDict gathered;
+          for (const auto& [key, value] : sd)
+            gathered.insert(key, value.is_sharded() ? value.sharded_tensor().full_tensor() : value.tensor());
+          Net blank = make_net(Wrap::kNone);
+          zero_model(*blank.module);
+          for (const auto& v : full_values(*blank.module)) ASSERT_EQ(v.abs().sum().item<double>(), 0.0) << what;
+          auto result = load_state_dict(*blank.module, gathered);
+          EXPECT_TRUE(result.missing_keys.empty() && result.unexpected_keys.empty()) << what;
+          expect_equal_values(full_values(*blank.module), trained, what + ": plain model loaded");
+          if (::testing::Test::HasFailure()) return;
+        }
     // The plain model's state dict into the FSDP model.
     Net plain = make_net(Wrap::kNone);
     train(plain, 2, 0, 1);
@@ -294,9 +317,77 @@ void check_full_state_dict_save_load(Wrap wrap) {
   expect_equal_values(full_values(*fresh.module), full_values(*plain.module), name_of(wrap));
 }
 
-// Seed 002 test_state_dict_save_load_root_fully_shard: the root sharded as one unit.
+// Seed 002's CompositeParamModel and UnitModule (common_dist_composable.py), at dimension 8:
+// l, then u1 and u2 (UnitModule: l1, seq = ReLU, Linear, ReLU, l2), then x @ p, with a persistent
+// buffer. u1 and u2 are held in a ModuleList ("u.0", "u.1") so that a wrap policy can make them
+// units (libtorch has no forward hooks: a typed member cannot be replaced by a policy).
+struct UnitModuleImpl : torch::nn::Module {
+  UnitModuleImpl() {
+    l1 = register_module("l1", Linear(8, 8));
+    seq = register_module("seq", Sequential(ReLU(), Linear(8, 8), ReLU()));
+    l2 = register_module("l2", Linear(8, 8));
+  }
+  at::Tensor forward(at::Tensor x) { return l2->forward(seq->forward(l1->forward(x))); }
+  Linear l1{nullptr}, l2{nullptr};
+  Sequential seq{nullptr};
+};
+TORCH_MODULE(UnitModule);
+
+struct CompositeParamModelImpl : torch::nn::Module {
+  CompositeParamModelImpl() {
+    torch::manual_seed(0);
+    l = register_module("l", Linear(8, 8));
+    u = register_module("u", torch::nn::ModuleList(UnitModule(), UnitModule()));
+    p = register_parameter("p", torch::randn({8, 8}));
+    buffer = register_buffer("buffer", torch::randn({8, 8}));
+  }
+  at::Tensor forward(at::Tensor x) {
+    at::Tensor a = l->forward(x);
+    for (const auto& unit : *u) {
+      if (auto* sharded = unit->as<FullyShardedDataParallelImpl<UnitModuleImpl>>())
+        a = sharded->forward(a);
+      else
+        a = unit->as<UnitModuleImpl>()->forward(a);
+    }
+    return torch::mm(a, p) + buffer.select(0, 0);
+  }
+  Linear l{nullptr};
+  torch::nn::ModuleList u{nullptr};
+  at::Tensor p, buffer;
+};
+TORCH_MODULE(CompositeParamModel);
+
+// Seed 002 test_state_dict_save_load_root_fully_shard: fully_shard on the root of the seed's
+// CompositeParamModel with ModuleWrapPolicy({UnitModule}) (three units: u.0, u.1 and the root),
+// and the one-unit model of the other tests. The FULL state dict equals the plain model's
+// bitwise (buffer included); a model wrapped the same way, its parameters and buffer zeroed
+// (checked), loads it back to the saved model's values and computes the plain model's output.
 TEST_P(FSDPStateDict, StateDictSaveLoadRootFullyShard) {
-  run_ranks(GetParam(), [](RankContext&) { check_full_state_dict_save_load(Wrap::kRootOnly); });
+  run_ranks(GetParam(), [](RankContext&) {
+    check_full_state_dict_save_load(Wrap::kRootOnly);
+    CompositeParamModel local;
+    const auto policy = FullyShardOptions().auto_wrap_policy(ModuleWrapPolicy<UnitModuleImpl>());
+    auto save = fully_shard(CompositeParamModel(), policy);
+    ASSERT_EQ(fsdp_units(*save).size(), 3u);
+    const StateDict local_sd = get_model_state_dict(*local.ptr());
+    const StateDict sd = get_model_state_dict(*save, StateDictOptions().full_state_dict(true));
+    ASSERT_EQ(sd.keys(), local_sd.keys());
+    EXPECT_NE(sd.find("u.1.seq.1.weight"), nullptr);
+    EXPECT_NE(sd.find("buffer"), nullptr);
+    for (const auto& [key, value] : local_sd) EXPECT_TRUE(at::equal(sd.at(key).tensor(), value.tensor())) << key;
+
+    auto load = fully_shard(CompositeParamModel(), policy);
+    zero_model(*load);
+    for (const auto& v : full_values(*load)) ASSERT_EQ(v.abs().sum().item<double>(), 0.0) << "zeroed";
+    StateDict copy;
+    for (const auto& [key, value] : sd) copy.insert(key, value.tensor().clone());
+    set_model_state_dict(*load, copy);
+    expect_equal_values(full_values(*load), full_values(*save), "CompositeParamModel loaded");
+    torch::manual_seed(5);
+    const at::Tensor x = torch::randn({3, 8});
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(at::allclose(load->forward(x), local->forward(x), kRtol, kAtol)) << "the loaded model computes the plain one's output";
+  });
 }
 
 // Seed 002 test_state_dict_save_load_submodule_fully_shard: units on submodules, a plain root.
@@ -725,6 +816,52 @@ TEST_P(FSDPStateDict, BasicSaveAndLoadStateDict) {
         expect_equal_values(full_values(*other.module), source, what + " after the load");
         if (::testing::Test::HasFailure()) return;
       }
+  });
+}
+
+// Seed 000 test_state_dict_with_shared_parameters: TransformerWithSharedParams (here the example
+// transformer with its output projection tied to the token embedding), wrapped per block by
+// ModuleWrapPolicy and the root. Its FULL / SHARDED / LOCAL state dict loads into a model built
+// the same way with every parameter zeroed (checked), which then holds the source's values with
+// the tie intact; the FULL dict equals the plain model's under the plain model's keys.
+TEST_P(FSDPStateDict, StateDictWithSharedParameters) {
+  run_ranks(GetParam(), [](RankContext&) {
+    examples::TransformerArgs args;
+    args.weight_tying = true;
+    auto make = [&] {
+      torch::manual_seed(0);
+      return fully_shard(examples::Transformer(args),
+                         FullyShardOptions().auto_wrap_policy(ModuleWrapPolicy<examples::TransformerBlockImpl>()));
+    };
+    torch::manual_seed(0);
+    examples::Transformer plain(args);
+    const StateDict plain_sd = get_model_state_dict(*plain.ptr());
+    for (StateDictType type : kAllTypes) {
+      const std::string what = to_string(type);
+      auto source = make();
+      ASSERT_EQ(fsdp_units(*source).size(), static_cast<size_t>(args.n_layers + 1)) << "a unit per block and the root";
+      StateDict sd;
+      {
+        auto scope = state_dict_type(*source, type);
+        sd = state_dict(*source);
+      }
+      if (type == StateDictType::FULL_STATE_DICT) {
+        EXPECT_EQ(sd.keys(), plain_sd.keys());
+        EXPECT_NE(sd.find("output.weight"), nullptr) << "the tied weight under both names";
+        for (const auto& [key, value] : plain_sd) EXPECT_TRUE(at::equal(sd.at(key).tensor(), value.tensor())) << key;
+      }
+      auto target = make();
+      zero_model(*target);
+      for (const auto& v : full_values(*target)) ASSERT_EQ(v.abs().sum().item<double>(), 0.0) << what << ": zeroed";
+      {
+        auto scope = state_dict_type(*target, type);
+        auto result = load_state_dict(*target, sd);
+        EXPECT_TRUE(result.missing_keys.empty() && result.unexpected_keys.empty()) << what;
+      }
+      expect_equal_values(full_values(*target), full_values(*source), what + " loaded");
+      EXPECT_TRUE(target->module()->output->weight.is_same(target->module()->tok_embeddings->weight)) << what << ": tie kept";
+      if (::testing::Test::HasFailure()) return;
+    }
   });
 }
 
