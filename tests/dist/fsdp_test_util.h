@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -104,6 +107,25 @@ struct ParityCase {
   bool delay = false;
   int steps = 10;
   at::ScalarType dtype = at::kFloat;
+  // Seed 001's four delay_* options one by one (`delay` turns all four on).
+  bool delay_after_forward = false;
+  bool delay_before_all_gather = false;
+  bool delay_before_reduce_scatter = false;
+  bool delay_before_optim = false;
+
+  // The four delay flags from bits 0-3 of `mask` (0-15: the seed's 16 combinations).
+  ParityCase& delays(int mask) {
+    delay_after_forward = mask & 1;
+    delay_before_all_gather = mask & 2;
+    delay_before_reduce_scatter = mask & 4;
+    delay_before_optim = mask & 8;
+    return *this;
+  }
+  std::string delays_name() const {
+    if (delay) return "delays all";
+    return std::string("delays af") + (delay_after_forward ? "1" : "0") + " ag" + (delay_before_all_gather ? "1" : "0") +
+           " rs" + (delay_before_reduce_scatter ? "1" : "0") + " opt" + (delay_before_optim ? "1" : "0");
+  }
 };
 
 // Trains `ref` on the global batch and `fsdp` (built from the same initial values) on this
@@ -125,13 +147,12 @@ void check_train_parity(RankContext& ctx, torch::nn::Module& ref, RefForward&& r
   auto ref_opt = make_optimizer(c.optim, ref_params);
   auto opt = make_optimizer(c.optim, fsdp_params);  // built after sharding: holds the shards
   struct DelayGuard {
-    explicit DelayGuard(bool on, int rank, int n) {
-      if (!on) return;
-      detail::testing_delays().before_all_gather_ms = 2 * rank;
-      detail::testing_delays().before_reduce_scatter_ms = 2 * (n - 1 - rank);
+    DelayGuard(bool all_gather, bool reduce_scatter, int rank, int n) {
+      if (all_gather) detail::testing_delays().before_all_gather_ms = 2 * rank;
+      if (reduce_scatter) detail::testing_delays().before_reduce_scatter_ms = 2 * (n - 1 - rank);
     }
     ~DelayGuard() { detail::testing_delays() = {}; }
-  } delays(c.delay, rank, n);
+  } delays(c.delay || c.delay_before_all_gather, c.delay || c.delay_before_reduce_scatter, rank, n);
   const int64_t local = kGlobalBatch / n;
   for (int step = 0; step < c.steps; ++step) {
     const std::string where = label + " " + name_of(c.optim) + " step " + std::to_string(step);
@@ -151,7 +172,7 @@ void check_train_parity(RankContext& ctx, torch::nn::Module& ref, RefForward&& r
     ref_loss.backward();
 
     at::Tensor loss = (fsdp_forward(x.narrow(0, rank * local, local)) - y.narrow(0, rank * local, local)).pow(2).mean();
-    if (c.delay) std::this_thread::sleep_for(std::chrono::milliseconds(5 * rank));
+    if (c.delay || c.delay_after_forward) std::this_thread::sleep_for(std::chrono::milliseconds(5 * rank));
     loss.backward();
     for (size_t i = 0; i < fsdp_params.size(); ++i) {
       const at::Tensor& p = fsdp_params[i];
@@ -160,7 +181,7 @@ void check_train_parity(RankContext& ctx, torch::nn::Module& ref, RefForward&& r
       ASSERT_EQ(p.grad().scalar_type(), c.dtype) << where << " grad " << i;
       expect_close(p.grad(), shard_rows(ref_params[i].grad(), rank, n), where + " grad " + std::to_string(i));
     }
-    if (c.delay) std::this_thread::sleep_for(std::chrono::milliseconds(5 * (n - 1 - rank)));
+    if (c.delay || c.delay_before_optim) std::this_thread::sleep_for(std::chrono::milliseconds(5 * (n - 1 - rank)));
     ref_opt->step();
     opt->step();
 
@@ -175,18 +196,31 @@ void check_train_parity(RankContext& ctx, torch::nn::Module& ref, RefForward&& r
 
 // Seed 001's test_train_parity_multi_group: make_multi_group wrapped with `options` trains at
 // parity with the plain model (check_train_parity); returns the trained model.
-inline FSDPSequential check_multi_group_parity(RankContext& ctx, const FullyShardOptions& options, Optim optim,
-                                               bool delay, const std::string& label) {
+inline FSDPSequential check_multi_group_parity(RankContext& ctx, const FullyShardOptions& options, const ParityCase& c,
+                                               const std::string& label) {
   torch::manual_seed(42);
   Sequential ref = make_multi_group(false, options);
   torch::manual_seed(42);
   FSDPSequential model(make_multi_group(true, options), options);
-  ParityCase c;
-  c.optim = optim;
-  c.delay = delay;
   check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *model,
                      [&](const at::Tensor& x) { return model->forward(x); }, 7, 3, c, label);
   return model;
+}
+inline FSDPSequential check_multi_group_parity(RankContext& ctx, const FullyShardOptions& options, Optim optim,
+                                               bool delay, const std::string& label) {
+  ParityCase c;
+  c.optim = optim;
+  c.delay = delay;
+  return check_multi_group_parity(ctx, options, c, label);
+}
+
+// Seed 001's reshard_after_forward sweep: True, False, and 2 where 2 divides the group size
+// (PyTorch refuses it otherwise; FullyShardReshardAfterForwardInt tests that refusal).
+inline std::vector<std::pair<FullyShardOptions, std::string>> reshard_after_forward_sweep(int world_size) {
+  std::vector<std::pair<FullyShardOptions, std::string>> out{
+      {FullyShardOptions().reshard_after_forward(true), "raf T"}, {FullyShardOptions().reshard_after_forward(false), "raf F"}};
+  if (world_size % 2 == 0) out.emplace_back(FullyShardOptions().reshard_after_forward(2), "raf 2");
+  return out;
 }
 
 // Shared by test_fully_shard.cpp (which instantiates it) and test_fully_shard_composable.cpp.

@@ -2,8 +2,12 @@
 // plain module's outputs and gradients (dropout included), activations dropped after forward,
 // composed with FSDP in both orders the seeds use (seed 001's
 // test_train_parity_with_activation_checkpointing; seed 000's nested model with checkpoint
-// wrappers inside and around units), and state dict keys without the wrapper's segment (seed
-// 000's test_fsdp_state_dict_with_activation_checkpoint / test_state_dict_with_manual_ac_wrapper).
+// wrappers inside and around units), and state dicts without the wrapper's segment that load
+// across wrapped and unwrapped models (seed 000's test_fsdp_state_dict_with_activation_checkpoint
+// and test_state_dict_with_manual_ac_wrapper, each a test of its own name).
+#include <functional>
+#include <optional>
+
 #include <fsdpp/activation_checkpointing.h>
 #include <fsdpp/error.h>
 #include <fsdpp/memory.h>
@@ -287,6 +291,126 @@ TEST_P(ActivationCheckpointFSDP, WrappersInsideAndAroundUnits) {
       }
       if (::testing::Test::HasFailure()) return;
     }
+  });
+}
+
+// The model's full parameters, by the engine's own all-gather.
+std::vector<at::Tensor> gathered_params(torch::nn::Module& model) { return full_params(model); }
+
+// Takes `source`'s state dict of `type` (FULL also with rank0_only + offload, SHARDED with
+// offload, the seed's state_dict_rank0_and_offload) and loads it strictly into `dest` (rank 0's
+// FULL dict reaches the other ranks by broadcast_from_rank0, as the seed broadcasts it).
+void save_and_load(torch::nn::Module& source, torch::nn::Module& dest, StateDictType type, bool rank0_and_offload) {
+  std::optional<StateDictConfig> config;
+  if (rank0_and_offload)
+    config = type == StateDictType::FULL_STATE_DICT ? StateDictConfig(FullStateDictConfig().rank0_only(true).offload_to_cpu(true))
+                                                    : StateDictConfig(ShardedStateDictConfig().offload_to_cpu(true));
+  StateDict sd;
+  {
+    auto scope = state_dict_type(source, type, config);
+    sd = state_dict(source);
+  }
+  if (rank0_and_offload && type == StateDictType::FULL_STATE_DICT) {
+    set_model_state_dict(dest, sd, StateDictOptions().full_state_dict(true).broadcast_from_rank0(true));
+  } else {
+    auto scope = state_dict_type(dest, type);
+    auto result = load_state_dict(dest, sd);
+    EXPECT_TRUE(result.missing_keys.empty() && result.unexpected_keys.empty());
+  }
+}
+
+// Seed 000 test_fsdp_state_dict_with_activation_checkpoint: the seed's simple model (a unit of
+// one Linear) and simple nested model (a unit holding a unit and a Linear), with checkpoint
+// wrappers on the source, the destination or both (wrapped before FSDP: inside the units and,
+// for the nested model, around the root's Sequential); the source trained a step, the
+// destination zeroed (checked different), the state dict loaded strictly: the destination then
+// holds the source's values. FULL and SHARDED x rank0_only_and_offload F/T.
+TEST_P(ActivationCheckpointFSDP, FsdpStateDictWithActivationCheckpoint) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const auto o = FullyShardOptions();
+    auto simple = [&](bool ac) {
+      torch::manual_seed(0);
+      Linear lin(10, 10);
+      return ac ? Sequential(fully_shard(checkpoint_wrapper(lin), o)) : Sequential(FSDPLinear(lin, o));
+    };
+    auto simple_nested = [&](bool ac) {
+      torch::manual_seed(0);
+      return nested(ac, o);
+    };
+    for (const auto& [model_name, make] : {std::pair<std::string, std::function<Sequential(bool)>>{"simple", simple},
+                                           std::pair<std::string, std::function<Sequential(bool)>>{"nested", simple_nested}})
+      for (const std::string checkpoint_wrap : {"source", "dest", "both"})
+        for (StateDictType type : {StateDictType::FULL_STATE_DICT, StateDictType::SHARDED_STATE_DICT})
+          for (bool rank0_and_offload : {false, true}) {
+            const std::string what = model_name + " checkpoint_wrap " + checkpoint_wrap + " " + to_string(type) +
+                                     (rank0_and_offload ? " rank0_only+offload" : "");
+            Sequential source = make(checkpoint_wrap != "dest");
+            {
+              torch::optim::SGD opt(source->parameters(), 0.1);
+              torch::manual_seed(10 + ctx.rank);
+              source->forward(torch::randn({4, 10})).pow(2).mean().backward();
+              opt.step();
+            }
+            Sequential dest = make(checkpoint_wrap != "source");
+            {
+              torch::NoGradGuard no_grad;
+              for (auto& p : dest->parameters()) p.zero_();
+            }
+            const auto expected = gathered_params(*source);
+            auto before = gathered_params(*dest);
+            ASSERT_EQ(before.size(), expected.size()) << what;
+            for (size_t i = 0; i < before.size(); ++i)
+              EXPECT_FALSE(at::equal(before[i], expected[i])) << what << ": param " << i << " equal before the load";
+            save_and_load(*source->ptr(0), *dest->ptr(0), type, rank0_and_offload);
+            auto after = gathered_params(*dest);
+            for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(at::equal(after[i], expected[i])) << what << ": param " << i;
+            if (::testing::Test::HasFailure()) return;
+          }
+  });
+}
+
+// Seed 000 test_state_dict_with_manual_ac_wrapper: a transformer wrapped by hand with a unit per
+// block and the root, and its twin with FSDP(CheckpointWrapper(block)) per block. Their FULL /
+// SHARDED state dicts (FULL also rank0_only + offload) have the same keys; each loads into the
+// other zeroed, which then holds the same values.
+TEST_P(ActivationCheckpointFSDP, StateDictWithManualAcWrapper) {
+  run_ranks(GetParam(), [](RankContext&) {
+    TransformerArgs args;
+    auto make = [&](bool ac) {
+      torch::manual_seed(0);
+      Transformer model(args);
+      if (ac) apply_activation_checkpointing(*model, ModuleWrapPolicy<TransformerBlockImpl>());
+      return fully_shard(model, FullyShardOptions().auto_wrap_policy(
+                                    ac ? ModuleWrapPolicy<CheckpointWrapperImpl<TransformerBlockImpl>>()
+                                       : ModuleWrapPolicy<TransformerBlockImpl>()));
+    };
+    for (StateDictType type : {StateDictType::FULL_STATE_DICT, StateDictType::SHARDED_STATE_DICT})
+      for (bool rank0_and_offload : {false, true}) {
+        if (rank0_and_offload && type != StateDictType::FULL_STATE_DICT) continue;  // as the seed
+        const std::string what = std::string(to_string(type)) + (rank0_and_offload ? " rank0_only+offload" : "");
+        auto no_ac = make(false), ac = make(true);
+        ASSERT_EQ(fsdp_units(*ac).size(), fsdp_units(*no_ac).size());
+        {
+          auto s1 = state_dict_type(*no_ac, type);
+          auto s2 = state_dict_type(*ac, type);
+          EXPECT_EQ(state_dict(*ac).keys(), state_dict(*no_ac).keys()) << what;
+        }
+        const auto values = gathered_params(*no_ac);
+        auto ac_target = make(true), no_ac_target = make(false);
+        for (auto* m : {static_cast<torch::nn::Module*>(ac_target.ptr().get()), static_cast<torch::nn::Module*>(no_ac_target.ptr().get())}) {
+          torch::NoGradGuard no_grad;
+          for (auto& p : m->parameters()) p.zero_();
+        }
+        save_and_load(*no_ac, *ac_target, type, rank0_and_offload);
+        save_and_load(*ac, *no_ac_target, type, rank0_and_offload);
+        auto a = gathered_params(*ac_target), b = gathered_params(*no_ac_target);
+        ASSERT_EQ(a.size(), values.size()) << what;
+        for (size_t i = 0; i < a.size(); ++i) {
+          EXPECT_TRUE(at::equal(a[i], values[i])) << what << ": AC model param " << i;
+          EXPECT_TRUE(at::equal(b[i], values[i])) << what << ": plain model param " << i;
+        }
+        if (::testing::Test::HasFailure()) return;
+      }
   });
 }
 

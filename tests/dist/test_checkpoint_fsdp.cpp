@@ -13,7 +13,9 @@
 #include <fsdpp/optim_state_dict.h>
 #include <fsdpp/state_dict.h>
 
+#include <cmath>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -153,22 +155,49 @@ TEST(CheckpointFsdp3Ranks, FsdpToPlainModelAndBack) {
 }
 
 // FSDP <-> DDP: fsdpp's DDP wraps the model in place (no "module." prefix), so a DDP-trained
-// model's state dict is the plain model's, replicated on every rank (written once). A DDP
-// checkpoint loads into FSDP on 2 ranks, and an FSDP checkpoint into a DDP model that then
-// trains on: both equal the source model's values.
+// model's state dict is the plain model's, replicated on every rank (written once). DDP trains
+// 2 steps and checkpoints; a differently initialised FSDP model loads the checkpoint and its
+// steps 2-3 give the losses and parameters of DDP going on (the same trajectory); FSDP then
+// checkpoints, and a fresh DDP model that loads it continues FSDP's trajectory: its steps 4-5
+// give the losses and parameters of FSDP going on. Each rank trains on its half of every
+// global batch; both systems average the gradient over the ranks, so the trajectories agree
+// to float32 rounding (rtol 1.3e-6, atol 1e-5), while a model that failed to load starts from
+// other values and its losses differ by far more.
 TEST(CheckpointFsdp2Ranks, DdpToFsdpAndBack) {
   testing::run_ranks(2, [](RankContext& ctx) {
+    using DDPLinear = DistributedDataParallel<torch::nn::LinearImpl>;
     const std::string from_ddp = ctx.temp_dir + "/from_ddp", from_fsdp = ctx.temp_dir + "/from_fsdp";
+    auto step_of = [&](auto&& forward, torch::optim::Optimizer& opt, int step) {
+      torch::manual_seed(1000 + step);
+      at::Tensor x = torch::randn({8, 8}), y = torch::randn({8, 5});
+      opt.zero_grad();
+      at::Tensor loss = torch::mse_loss(forward(x.narrow(0, 4 * ctx.rank, 4)), y.narrow(0, 4 * ctx.rank, 4));
+      loss.backward();
+      opt.step();
+      return loss.item<double>();
+    };
+    auto expect_close = [](double actual, double expected, const std::string& what) {
+      EXPECT_LE(std::abs(actual - expected), 1e-5 + 1.3e-6 * std::abs(expected)) << what << ": " << actual << " vs " << expected;
+    };
+    auto expect_values_close = [](const std::map<std::string, at::Tensor>& actual, torch::nn::Linear& plain,
+                                  const std::string& what) {
+      EXPECT_TRUE(at::allclose(actual.at("weight"), plain->weight.detach(), 1.3e-6, 1e-5)) << what << " weight";
+      EXPECT_TRUE(at::allclose(actual.at("bias"), plain->bias.detach(), 1.3e-6, 1e-5)) << what << " bias";
+    };
+
     torch::manual_seed(0);
     torch::nn::Linear plain(8, 5);
-    DistributedDataParallel<torch::nn::LinearImpl> ddp(plain);
+    DDPLinear ddp(plain);
     torch::optim::SGD opt(plain->parameters(), 0.1);
-    torch::manual_seed(7 + ctx.rank);  // each rank its own batch; DDP averages the gradients
-    ddp.forward(torch::rand({4, 8})).sum().backward();
-    opt.step();
+    auto ddp_forward = [&](const at::Tensor& x) { return ddp.forward(x); };
+    for (int step = 0; step < 2; ++step) step_of(ddp_forward, opt, step);
     ckpt::save(get_model_state_dict(*plain.ptr()), from_ddp);
+
     torch::manual_seed(9);
     FSDPLinear fsdp(torch::nn::Linear(8, 5));
+    torch::optim::SGD fsdp_opt(fsdp->parameters(), 0.1);
+    auto fsdp_forward = [&](const at::Tensor& x) { return fsdp->forward(x); };
+    EXPECT_FALSE(at::equal(full_values(fsdp).at("weight"), plain->weight.detach())) << "FSDP starts elsewhere";
     {
       auto scope = state_dict_type(*fsdp.ptr(), StateDictType::SHARDED_STATE_DICT);
       StateDict sd = state_dict(fsdp);
@@ -178,9 +207,13 @@ TEST(CheckpointFsdp2Ranks, DdpToFsdpAndBack) {
     auto loaded = full_values(fsdp);
     EXPECT_TRUE(at::equal(loaded.at("weight"), plain->weight.detach()));
     EXPECT_TRUE(at::equal(loaded.at("bias"), plain->bias.detach()));
+    for (int step = 2; step < 4; ++step) {
+      const double fsdp_loss = step_of(fsdp_forward, fsdp_opt, step);
+      const double ddp_loss = step_of(ddp_forward, opt, step);
+      expect_close(fsdp_loss, ddp_loss, "FSDP from DDP's checkpoint, step " + std::to_string(step));
+    }
+    expect_values_close(full_values(fsdp), plain, "FSDP after steps 2-3");
 
-    torch::manual_seed(11);
-    fsdp->forward(torch::rand({4, 8})).sum().backward();
     {
       auto scope = state_dict_type(*fsdp.ptr(), StateDictType::SHARDED_STATE_DICT);
       ckpt::save(state_dict(fsdp), from_fsdp);
@@ -188,14 +221,21 @@ TEST(CheckpointFsdp2Ranks, DdpToFsdpAndBack) {
     const auto saved = full_values(fsdp);
     torch::manual_seed(13);
     torch::nn::Linear plain2(8, 5);
-    DistributedDataParallel<torch::nn::LinearImpl> ddp2(plain2);
+    DDPLinear ddp2(plain2);
+    torch::optim::SGD opt2(plain2->parameters(), 0.1);
+    auto ddp2_forward = [&](const at::Tensor& x) { return ddp2.forward(x); };
+    EXPECT_FALSE(at::equal(plain2->weight.detach(), saved.at("weight"))) << "the second DDP model starts elsewhere";
     StateDict sd = get_model_state_dict(*plain2.ptr());
     ckpt::load(sd, from_fsdp);
     set_model_state_dict(*plain2.ptr(), sd);
     EXPECT_TRUE(at::equal(plain2->weight.detach(), saved.at("weight")));
     EXPECT_TRUE(at::equal(plain2->bias.detach(), saved.at("bias")));
-    ddp2.forward(torch::rand({4, 8})).sum().backward();  // DDP trains on from the loaded values
-    EXPECT_EQ(plain2->weight.grad().sizes(), (std::vector<int64_t>{5, 8}));
+    for (int step = 4; step < 6; ++step) {
+      const double ddp_loss = step_of(ddp2_forward, opt2, step);
+      const double fsdp_loss = step_of(fsdp_forward, fsdp_opt, step);
+      expect_close(ddp_loss, fsdp_loss, "DDP from FSDP's checkpoint, step " + std::to_string(step));
+    }
+    expect_values_close(full_values(fsdp), plain2, "DDP after steps 4-5");
   });
 }
 

@@ -56,24 +56,32 @@ TEST_P(FullyShard1DTrainingCore, TrainParitySingleGroup) {
   });
 }
 
+// Seed 001 test_train_parity_multi_group: reshard_after_forward True / False / 2 (2 where it
+// divides the group) x the four delay flags swept independently (the seed's 16 combinations)
+// with Adam, as the seed (10 steps without delays, 4 with); and SGD without delays.
 TEST_P(FullyShard1DTrainingCore, TrainParityMultiGroup) {
   run_ranks(GetParam(), [](RankContext& ctx) {
-    for (bool reshard_after_forward : {true, false})
-      for (Optim optim : {Optim::kSGD, Optim::kAdam})
-        for (bool delay : {false, true}) {
-          const auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
-          const std::string label = "raf " + std::to_string(reshard_after_forward) + " delay " + std::to_string(delay);
-          FSDPSequential model = check_multi_group_parity(ctx, options, optim, delay, label);
-          auto units = fsdp_units(*model);
-          ASSERT_EQ(units.size(), 3u);
-          EXPECT_TRUE(units[0]->is_root());
-          EXPECT_FALSE(units[1]->is_root());
-          EXPECT_FALSE(units[2]->is_root());
-          // The root shards only what no inner unit owns: the last Linear.
-          EXPECT_EQ(units[0]->sharded_parameter_names(), (std::vector<std::string>{"4.weight", "4.bias"}));
-          EXPECT_EQ(units[1]->sharded_parameter_names(), (std::vector<std::string>{"weight", "bias"}));
-          if (::testing::Test::HasFailure()) return;
-        }
+    for (const auto& [options, raf] : reshard_after_forward_sweep(ctx.world_size))
+      for (int mask = -1; mask < 16; ++mask) {  // -1: SGD, no delays
+        ParityCase c;
+        if (mask < 0)
+          c.optim = Optim::kSGD;
+        else
+          c.delays(mask);
+        // Delays reorder the ranks' collectives within every step: 4 steps (both ways of zeroing
+        // the gradients, twice) keep the 16 combinations x 3 affordable on 2 cores.
+        if (mask > 0) c.steps = 4;
+        FSDPSequential model = check_multi_group_parity(ctx, options, c, raf + " " + c.delays_name());
+        auto units = fsdp_units(*model);
+        ASSERT_EQ(units.size(), 3u);
+        EXPECT_TRUE(units[0]->is_root());
+        EXPECT_FALSE(units[1]->is_root());
+        EXPECT_FALSE(units[2]->is_root());
+        // The root shards only what no inner unit owns: the last Linear.
+        EXPECT_EQ(units[0]->sharded_parameter_names(), (std::vector<std::string>{"4.weight", "4.bias"}));
+        EXPECT_EQ(units[1]->sharded_parameter_names(), (std::vector<std::string>{"weight", "bias"}));
+        if (::testing::Test::HasFailure()) return;
+      }
   });
 }
 
@@ -143,65 +151,91 @@ void expect_full(const std::vector<at::Tensor>& params, const std::vector<at::Te
   }
 }
 
+// Seed 001 test_param_registration_after_forward, reshard_after_forward True / False / 2: shards at
+// rest; after forward the root's parameters are full tensors (the root never reshards after
+// forward) and the inner units' are full with False and shards with True and with 2 (as FSDP2's
+// registered DTensors; the 2-way copy for backward is kept aside); an explicit reshard makes
+// every parameter its shard again, values unchanged throughout.
 TEST_P(FullyShardRegisteredParams, ParamRegistrationAfterForward) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     const int n = ctx.world_size, rank = ctx.rank;
     const Shapes shapes{{3, 7}, {7, 3}};
-    for (bool reshard_after_forward : {true, false}) {
+    for (const auto& [options, raf] : reshard_after_forward_sweep(n)) {
       // Single group: the root keeps its parameters unsharded after forward.
       torch::manual_seed(42);
       Sequential ref = make_mlp(shapes);
       torch::manual_seed(42);
-      FSDPSequential model(make_mlp(shapes), FullyShardOptions().reshard_after_forward(reshard_after_forward));
+      FSDPSequential model(make_mlp(shapes), options);
       // The same TensorImpls as the wrapped module's own parameters.
       EXPECT_TRUE(model->parameters()[0].is_same(model->module()->parameters()[0]));
-      expect_sharded(model->parameters(), ref->parameters(), rank, n, "at rest");
+      expect_sharded(model->parameters(), ref->parameters(), rank, n, raf + " at rest");
       at::Tensor inp = torch::randn({2, 3});
       model->forward(inp);
-      expect_full(model->parameters(), ref->parameters(), "after forward");
+      expect_full(model->parameters(), ref->parameters(), raf + " after forward");
       model->reshard();
-      expect_sharded(model->parameters(), ref->parameters(), rank, n, "after reshard");
+      expect_sharded(model->parameters(), ref->parameters(), rank, n, raf + " after reshard");
 
       // Multiple groups: inner units follow reshard_after_forward, the root does not.
       torch::manual_seed(42);
       Sequential ref2 = make_multi_group(false, {});
       torch::manual_seed(42);
-      const auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
       FSDPSequential model2(make_multi_group(true, options), options);
-      expect_sharded(model2->parameters(), ref2->parameters(), rank, n, "multi at rest");
+      expect_sharded(model2->parameters(), ref2->parameters(), rank, n, raf + " multi at rest");
       model2->forward(torch::randn({2, 7}));
       auto params = model2->parameters();
       auto ref_params = ref2->parameters();
       std::vector<at::Tensor> inner(params.begin(), params.begin() + 4), root(params.begin() + 4, params.end());
       std::vector<at::Tensor> ref_inner(ref_params.begin(), ref_params.begin() + 4),
           ref_root(ref_params.begin() + 4, ref_params.end());
-      expect_full(root, ref_root, "multi root after forward");
-      if (reshard_after_forward)
-        expect_sharded(inner, ref_inner, rank, n, "multi inner after forward");
-      else
-        expect_full(inner, ref_inner, "multi inner after forward");
+      expect_full(root, ref_root, raf + " multi root after forward");
+      if (raf == "raf F")
+        expect_full(inner, ref_inner, raf + " multi inner after forward");
+      else  // with 2 the registered parameter is the shard too (the 2-way copy is kept aside)
+        expect_sharded(inner, ref_inner, rank, n, raf + " multi inner after forward");
       for (auto* u : fsdp_units(*model2)) u->reshard();
-      expect_sharded(model2->parameters(), ref2->parameters(), rank, n, "multi after reshard");
+      expect_sharded(model2->parameters(), ref2->parameters(), rank, n, raf + " multi after reshard");
+      if (::testing::Test::HasFailure()) return;
     }
   });
 }
 
+// Seed 001 test_param_registration_after_backward: after backward every parameter is its shard
+// again (values unchanged) with a shard-shaped gradient, for the root-only model (one unit, which
+// did not reshard after its forward) and for multiple groups; reshard_after_forward True / False / 2.
 TEST_P(FullyShardRegisteredParams, ParamRegistrationAfterBackward) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     const int n = ctx.world_size, rank = ctx.rank;
-    for (bool reshard_after_forward : {true, false}) {
+    for (const auto& [options, raf] : reshard_after_forward_sweep(n)) {
+      // Single group (root only).
+      const Shapes shapes{{8, 7}, {7, 8}};
+      torch::manual_seed(42);
+      Sequential ref1 = make_mlp(shapes);
+      torch::manual_seed(42);
+      FSDPSequential root_only(make_mlp(shapes), options);
+      expect_sharded(root_only->parameters(), ref1->parameters(), rank, n, raf + " root only at rest");
+      root_only->forward(torch::randn({2, 8}));
+      expect_full(root_only->parameters(), ref1->parameters(), raf + " root only after forward");
+      root_only->forward(torch::randn({2, 8})).sum().backward();
+      expect_sharded(root_only->parameters(), ref1->parameters(), rank, n, raf + " root only after backward");
+      auto params1 = root_only->parameters();
+      auto ref_params1 = ref1->parameters();
+      for (size_t i = 0; i < params1.size(); ++i) {
+        ASSERT_TRUE(params1[i].grad().defined()) << "root only " << i;
+        EXPECT_EQ(params1[i].grad().sizes(), shard_rows(ref_params1[i], rank, n).sizes()) << "root only " << i;
+      }
+
+      // Multiple groups.
       torch::manual_seed(42);
       Sequential ref = make_multi_group(false, {});
       torch::manual_seed(42);
-      const auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
       FSDPSequential model(make_multi_group(true, options), options);
       model->forward(torch::randn({2, 7})).sum().backward();
-      expect_sharded(model->parameters(), ref->parameters(), rank, n, "after backward");
+      expect_sharded(model->parameters(), ref->parameters(), rank, n, raf + " after backward");
       auto params = model->parameters();
       auto ref_params = ref->parameters();
       for (size_t i = 0; i < params.size(); ++i) {
-        ASSERT_TRUE(params[i].grad().defined()) << i;
-        EXPECT_EQ(params[i].grad().sizes(), shard_rows(ref_params[i], rank, n).sizes()) << i;
+        ASSERT_TRUE(params[i].grad().defined()) << raf << " " << i;
+        EXPECT_EQ(params[i].grad().sizes(), shard_rows(ref_params[i], rank, n).sizes()) << raf << " " << i;
       }
     }
   });
@@ -240,44 +274,124 @@ TEST_P(FullyShardGradientAccumulation, AccumulatesIntoUnzeroedGrad) {
 
 FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardGradientAccumulation);
 
-// set_requires_gradient_sync(false) on all microbatches but the last: no communication
-// until then, and the last backward reduces the sum of all of them.
+// Seed 001 test_gradient_accumulation (its body is a stub; the scenario its parameters name, as
+// PyTorch's full test runs it): a root holding Linear(8, 8) and three MLP units; each iteration
+// runs 3 microbatches and only the last syncs gradients, for the units the mode picks:
+//   all        set_requires_gradient_sync(last) on the root, recursively;
+//   root_only  on the root only (recurse = false): the MLPs reduce every microbatch;
+//   some_mlps  on the first two MLPs: the third MLP and the root reduce every microbatch;
+// with reshard_after_backward = false, the same units also keep their parameters gathered
+// between microbatches (set_reshard_after_backward(last)). Swept: mode x reshard_after_forward
+// True / False / 2 (even world sizes) x reshard_after_backward F/T, and CPUOffloadPolicy for
+// reshard_after_forward True. Per microbatch the losses match the plain model's on the global
+// batch; per iteration the all-gathers and reduce-scatters are counted (derived unit by unit
+// from the flags below) and, after the last microbatch, every gradient shard equals the plain
+// model's accumulated gradient; then both step (Adam) and the parameters agree.
+enum class AccumulationMode { kAll, kRootOnly, kSomeMlps };
+
 TEST_P(FullyShardGradientAccumulation, GradientAccumulation) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     const int n = ctx.world_size, rank = ctx.rank;
     const int64_t local = kGlobalBatch / n;
-    for (bool reshard_after_forward : {true, false}) {
-      const auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
+    constexpr int kMlps = 3, kMicrobatches = 3, kIterations = 3, kDisabledMlps = 2;
+    auto make = [](bool wrap, const FullyShardOptions& options) {
       torch::manual_seed(42);
-      Sequential ref = make_multi_group(false, options);
-      torch::manual_seed(42);
-      FSDPSequential model(make_multi_group(true, options), options);
-      const int microbatches = 3;
-      for (int round = 0; round < 2; ++round) {
-        for (auto& p : ref->parameters()) p.mutable_grad().reset();
-        for (auto& p : model->parameters()) p.mutable_grad().reset();
-        for (int micro = 0; micro < microbatches; ++micro) {
-          const bool last = micro == microbatches - 1;
-          model->set_requires_gradient_sync(last);
-          torch::manual_seed(100 * round + micro);
-          at::Tensor x = torch::randn({kGlobalBatch, 7});
-          ref->forward(x).pow(2).mean().backward();
-          CommDebugMode comm;
-          model->forward(x.narrow(0, rank * local, local)).pow(2).mean().backward();
-          EXPECT_EQ(comm.count("reduce_scatter_tensor"), last ? 3 : 0) << "round " << round << " micro " << micro;
-          if (!last) {
-            for (auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined()) << "no .grad before the sync";
+      Sequential s(Linear(8, 8));
+      for (int i = 0; i < kMlps; ++i) {
+        MLP mlp(8, 16);
+        if (wrap)
+          s->push_back(FullyShardedDataParallel<MLPImpl>(mlp, options));
+        else
+          s->push_back(mlp);
+      }
+      return s;
+    };
+    struct Case {
+      FullyShardOptions options;
+      std::string name;
+    };
+    std::vector<Case> cases;
+    for (const auto& [options, raf] : reshard_after_forward_sweep(n)) cases.push_back({options, raf});
+    cases.push_back({FullyShardOptions().reshard_after_forward(true).offload_policy(CPUOffloadPolicy()), "raf T offload"});
+    for (const Case& c : cases)
+      for (AccumulationMode mode : {AccumulationMode::kAll, AccumulationMode::kRootOnly, AccumulationMode::kSomeMlps})
+        for (bool reshard_after_backward : {false, true}) {
+          const std::string label = c.name + (mode == AccumulationMode::kAll        ? " all"
+                                              : mode == AccumulationMode::kRootOnly ? " root_only"
+                                                                                    : " some_mlps") +
+                                    " rab " + (reshard_after_backward ? "T" : "F");
+          const bool raf_reshards = c.name != "raf F";
+          Sequential ref = make(false, {});
+          FSDPSequential model(make(true, c.options), c.options);
+          auto units = fsdp_units(*model);  // the root, then the MLPs in order
+          ASSERT_EQ(units.size(), 1u + kMlps);
+          auto ref_opt = make_optimizer(Optim::kAdam, ref->parameters());
+          auto opt = make_optimizer(Optim::kAdam, model->parameters());
+          // The units whose gradient sync (and, without reshard_after_backward, resharding after
+          // backward) waits for the last microbatch.
+          std::vector<bool> waits(units.size(), false);
+          for (size_t u = 0; u < units.size(); ++u)
+            waits[u] = mode == AccumulationMode::kAll || (mode == AccumulationMode::kRootOnly && u == 0) ||
+                       (mode == AccumulationMode::kSomeMlps && u >= 1 && u <= kDisabledMlps);
+          for (int iter = 0; iter < kIterations; ++iter) {
+            const std::string where = label + " iteration " + std::to_string(iter);
+            int64_t expected_gathers = 0, expected_reduce_scatters = 0;
+            std::vector<bool> sharded(units.size(), true);  // every unit is sharded at an iteration's start
+            CommDebugMode comm;
+            for (int micro = 0; micro < kMicrobatches; ++micro) {
+              const bool last = micro == kMicrobatches - 1;
+              switch (mode) {
+                case AccumulationMode::kAll:
+                  model->set_requires_gradient_sync(last);
+                  if (!reshard_after_backward) model->set_reshard_after_backward(last);
+                  break;
+                case AccumulationMode::kRootOnly:
+                  model->set_requires_gradient_sync(last, /*recurse=*/false);
+                  if (!reshard_after_backward) model->set_reshard_after_backward(last, /*recurse=*/false);
+                  break;
+                case AccumulationMode::kSomeMlps:
+                  for (int u = 1; u <= kDisabledMlps; ++u) {
+                    units[u]->set_requires_gradient_sync(last);
+                    if (!reshard_after_backward) units[u]->set_reshard_after_backward(last);
+                  }
+                  break;
+              }
+              for (size_t u = 0; u < units.size(); ++u) {
+                const bool syncs = !waits[u] || last;
+                expected_gathers += sharded[u];                 // forward gathers a sharded unit
+                expected_gathers += u > 0 && raf_reshards;      // backward re-gathers what forward freed (never the root)
+                expected_reduce_scatters += syncs;
+                sharded[u] = syncs || reshard_after_backward;  // a syncing backward always reshards
+              }
+              torch::manual_seed(100 * iter + micro);
+              at::Tensor x = torch::randn({kGlobalBatch, 8});
+              at::Tensor ref_loss = ref->forward(x).pow(2).mean();
+              ref_loss.backward();
+              at::Tensor loss = model->forward(x.narrow(0, rank * local, local)).pow(2).mean();
+              loss.backward();
+              at::Tensor global_loss = loss.detach().clone();
+              all_reduce(global_loss, ReduceOp::AVG);
+              expect_close(global_loss, ref_loss.detach(), where + " micro " + std::to_string(micro) + " loss");
+            }
+            EXPECT_EQ(comm.count("all_gather_into_tensor"), expected_gathers) << where;
+            EXPECT_EQ(comm.count("reduce_scatter_tensor"), expected_reduce_scatters) << where;
+            auto params = model->parameters();
+            auto ref_params = ref->parameters();
+            ASSERT_EQ(params.size(), ref_params.size());
+            for (size_t i = 0; i < params.size(); ++i) {
+              ASSERT_EQ(params[i].sizes(), shard_rows(ref_params[i], rank, n).sizes()) << where << " param " << i;
+              expect_close(params[i].grad(), shard_rows(ref_params[i].grad(), rank, n), where + " grad " + std::to_string(i));
+            }
+            ref_opt->step();
+            opt->step();
+            auto full = full_params(*model);
+            for (size_t i = 0; i < full.size(); ++i)
+              expect_close(full[i], ref_params[i].detach(), where + " param " + std::to_string(i));
+            ref_opt->zero_grad();
+            opt->zero_grad();
+            if (::testing::Test::HasFailure()) return;
           }
         }
-        auto params = model->parameters();
-        auto ref_params = ref->parameters();
-        for (size_t i = 0; i < params.size(); ++i) {
-          ASSERT_EQ(params[i].sizes(), shard_rows(ref_params[i], rank, n).sizes());
-          expect_close(params[i].grad(), shard_rows(ref_params[i].grad(), rank, n),
-                       "round " + std::to_string(round) + " grad " + std::to_string(i));
-        }
-      }
-    }
   });
 }
 
@@ -395,10 +509,11 @@ struct MultiForwardImpl : torch::nn::Module {
 };
 TORCH_MODULE(MultiForward);
 
+// Seed 001 test_multi_forward_module: a unit run twice in one forward trains at parity with the
+// plain model, reshard_after_forward True / False / 2 as the seed.
 TEST_P(FullyShard1DTrainingCore, MultiForwardModule) {
   run_ranks(GetParam(), [](RankContext& ctx) {
-    for (bool reshard_after_forward : {true, false}) {
-      const auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
+    for (const auto& [options, raf] : reshard_after_forward_sweep(ctx.world_size)) {
       torch::manual_seed(42);
       MultiForward ref(false, options);
       torch::manual_seed(42);
@@ -406,8 +521,8 @@ TEST_P(FullyShard1DTrainingCore, MultiForwardModule) {
       ParityCase c;
       c.steps = 5;
       check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *model,
-                         [&](const at::Tensor& x) { return model->forward(x); }, 7, 3, c,
-                         "raf " + std::to_string(reshard_after_forward));
+                         [&](const at::Tensor& x) { return model->forward(x); }, 7, 3, c, raf);
+      if (::testing::Test::HasFailure()) return;
     }
   });
 }

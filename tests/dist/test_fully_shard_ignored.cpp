@@ -107,7 +107,7 @@ TEST_P(FullyShardIgnored, test_state_dict_with_ignored_modules) {
 }
 
 // Seed 002's test_state_dict_save_load_flow with ignore_modules T/F and FULL / SHARDED: the
-// transformer wrapped by block (ModuleWrapPolicy) with its position embedding and final norm
+// transformer (output tied to the token embedding, as TransformerWithSharedParams) wrapped by block (ModuleWrapPolicy) with its position embedding and final norm
 // ignored saves a dict equal to the plain model's, and a zeroed model wrapped the same way
 // loads it back to the saved model's values.
 TEST_P(FullyShardIgnored, test_state_dict_save_load_flow) {
@@ -115,6 +115,7 @@ TEST_P(FullyShardIgnored, test_state_dict_save_load_flow) {
     using examples::Transformer;
     using examples::TransformerBlockImpl;
     examples::TransformerArgs args;
+    args.weight_tying = true;  // the seed's TransformerWithSharedParams: output tied to the embedding
     auto wrap = [&](Transformer model, bool ignore) {
       auto options = FullyShardOptions().auto_wrap_policy(ModuleWrapPolicy<TransformerBlockImpl>());
       if (ignore) options.ignored_modules({model->pos_embeddings.ptr(), model->norm.ptr()});
@@ -151,6 +152,7 @@ TEST_P(FullyShardIgnored, test_state_dict_save_load_flow) {
         auto a = full_params(*loaded), b = full_params(*saved);
         ASSERT_EQ(a.size(), b.size());
         for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << where << " param " << i;
+        EXPECT_TRUE(load_plain->output->weight.is_same(load_plain->tok_embeddings->weight)) << where << ": tie kept";
         if (::testing::Test::HasFailure()) return;
       }
   });
