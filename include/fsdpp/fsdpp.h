@@ -2,6 +2,7 @@
 // fsdpp: PyTorch's distributed data-parallel training stack for the libtorch C++ frontend.
 #include <fsdpp/activation_checkpointing.h>
 #include <fsdpp/checkpoint.h>
+#include <fsdpp/clip_grad_norm.h>
 #include <fsdpp/collectives.h>
 #include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/ddp_zero_hook.h>
