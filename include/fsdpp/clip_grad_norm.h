@@ -42,9 +42,11 @@ at::Tensor clip_grad_norm_(const torch::nn::ModuleHolder<M>& module, double max_
 }
 
 // For DDP (fsdpp::replicate, any DistributedDataParallel<M>): its gradients are equal on every
-// rank after backward, so this clips model.module() locally (no communication).
-inline at::Tensor clip_grad_norm_(const DistributedDataParallel<>& model, double max_norm, double norm_type = 2.0,
-                                  bool error_if_nonfinite = false) {
+// rank after backward, so this clips model.module() locally (no communication). A template so
+// that nothing converts to a DDP implicitly (DDP's constructor takes a module).
+template <class M>
+at::Tensor clip_grad_norm_(const DistributedDataParallel<M>& model, double max_norm, double norm_type = 2.0,
+                           bool error_if_nonfinite = false) {
   return clip_grad_norm_(*model.module(), max_norm, norm_type, error_if_nonfinite);
 }
 

@@ -109,7 +109,7 @@ at::Tensor clip_grad_norm_(torch::nn::Module& module, double max_norm, double no
   // agrees whichever gradients it holds.
   at::ScalarType dtype = at::kFloat;
   for (const auto& p : params)
-    if (at::isFloatingType(p.param.scalar_type())) dtype = at::promote_types(dtype, p.param.scalar_type());
+    if (at::isFloatingType(p.param.scalar_type())) dtype = c10::promoteTypes(dtype, p.param.scalar_type());
   const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().param.device();
 
   // Which unit shard group each sharded parameter belongs to.
