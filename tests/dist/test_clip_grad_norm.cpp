@@ -15,6 +15,7 @@
 #include <fsdpp/device_mesh.h>
 #include <fsdpp/distributed_data_parallel.h>
 #include <fsdpp/error.h>
+#include <fsdpp/mixed_precision_policy.h>
 #include <fsdpp/sharding_strategy.h>
 #include <fsdpp/state_dict.h>
 #include <fsdpp/wrap_policy.h>
@@ -228,12 +229,56 @@ TEST(ClipGradNormPlain, PlainModuleEqualsTorchClipGradNorm) {
         expect_close(model->parameters()[i].grad(), ref->parameters()[i].grad(), where + " grad " + std::to_string(i));
     }
   }
+  // The norm's dtype: float32 for bf16 gradients (accumulated in float32), float64 for float64.
+  for (auto dtype : {at::kBFloat16, at::kDouble}) {
+    Sequential model = make_plain();
+    model->to(dtype);
+    (model->forward(torch::randn({kGlobalBatch, 5}, dtype)).sum()).backward();
+    at::Tensor sum = at::zeros({}, at::kDouble);
+    for (const auto& p : model->parameters()) sum += p.grad().to(at::kDouble).square().sum();
+    const double expected = std::sqrt(sum.item<double>());
+    const at::Tensor norm = clip_grad_norm_(model, 1e3);
+    EXPECT_EQ(norm.scalar_type(), dtype == at::kDouble ? at::kDouble : at::kFloat) << dtype;
+    EXPECT_NEAR(norm.item<double>(), expected, (dtype == at::kDouble ? 1e-12 : kNormRtol) * expected) << dtype;
+  }
   Sequential model = make_plain();
   EXPECT_EQ(clip_grad_norm_(model, 1.0).item<double>(), 0.0) << "no gradients: the norm is 0";
   for (double bad : {0.0, -1.0, -kInf, std::nan("")})
     EXPECT_NE(testing::error_of([&] { clip_grad_norm_(model, 1.0, bad); }).find("norm_type must be positive"),
               std::string::npos)
         << bad;
+}
+
+// The sum of squares of this rank's gradients in float64, summed over the world (the test's own
+// reduction): the squared 2-norm of gradients that no two ranks hold in common.
+double world_sum_of_squares(torch::nn::Module& model) {
+  at::Tensor sum = at::zeros({}, at::kDouble);
+  for (const auto& p : model.parameters())
+    if (p.grad().defined()) sum += p.grad().to(at::kDouble).square().sum();
+  all_reduce(sum, ReduceOp::SUM);
+  return sum.item<double>();
+}
+
+// bf16 compute: `.grad` of the sharded parameters is float32 (their dtype), the norm is computed
+// and returned in float32, and clipping scales the shards on every rank.
+TEST(ClipGradNormMixedPrecision, Bf16ComputeNormIsFloat32OverTheShards) {
+  run_ranks(2, [](RankContext& ctx) {
+    FSDPSequential model =
+        make_fsdp(FullyShardOptions().mp_policy(MixedPrecisionPolicy().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat)));
+    torch::manual_seed(11);
+    at::Tensor x = torch::randn({kGlobalBatch, 5}), y = torch::randn({kGlobalBatch, 3});
+    const int64_t local = kGlobalBatch / ctx.world_size;
+    (model->forward(x.narrow(0, ctx.rank * local, local)).to(at::kFloat) - y.narrow(0, ctx.rank * local, local))
+        .pow(2)
+        .mean()
+        .backward();
+    for (const auto& p : model->parameters()) ASSERT_EQ(p.grad().scalar_type(), at::kFloat);
+    const double expected = std::sqrt(world_sum_of_squares(*model));
+    const at::Tensor norm = clip_grad_norm_(model, expected / 2);
+    EXPECT_EQ(norm.scalar_type(), at::kFloat);
+    EXPECT_NEAR(norm.item<double>(), expected, kNormRtol * expected);
+    EXPECT_NEAR(std::sqrt(world_sum_of_squares(*model)), expected / 2, 1e-5 * expected);
+  });
 }
 
 // Every gradient element 1: the 1-norm is exactly the model's element count, the 2-norm its
