@@ -98,7 +98,7 @@ std::string format_norm_type(double p) {
 
 at::Tensor clip_grad_norm_(torch::nn::Module& module, double max_norm, double norm_type, bool error_if_nonfinite) {
   const bool inf_norm = std::isinf(norm_type);
-  if (std::isnan(norm_type) || norm_type <= 0 || (inf_norm && norm_type < 0))
+  if (std::isnan(norm_type) || norm_type <= 0)  // -inf too
     throw Error("clip_grad_norm_: norm_type must be positive or infinity, got " + format_norm_type(norm_type));
   if (std::isnan(max_norm))
     throw Error("clip_grad_norm_: max_norm is NaN");
