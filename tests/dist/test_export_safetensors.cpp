@@ -105,6 +105,11 @@ std::string read_file(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
+// Where a rank of the memory test leaves its line for the test process `test_pid` to print.
+std::string memory_report(int test_pid, int rank) {
+  return "/tmp/fsdpp-export-memory-" + std::to_string(test_pid) + "-rank" + std::to_string(rank) + ".txt";
+}
+
 class ExportSafetensors : public testing::WorldSizeTest {};
 
 // An auto-wrapped FSDP model (a unit per block and the root) after a training step: the
@@ -275,20 +280,28 @@ TEST(ExportSafetensors2Ranks, RankZeroPeakIsOneTensorNotTheModel) {
     ckpt::export_safetensors(model, file);
     const MemoryStats after = memory_stats();
     const int64_t peak_above = after.peak_bytes - before;
-    std::printf("[export memory] rank %d: full model %lld B, largest unit %lld B, largest tensor %lld B; "
+    // The ranks' output is shown only on failure: each rank leaves its line for the test to print.
+    FILE* out = std::fopen(memory_report(::getppid(), ctx.rank).c_str(), "w");
+    ASSERT_NE(out, nullptr);
+    std::fprintf(out, "[export memory] rank %d: full model %lld B, largest unit %lld B, largest tensor %lld B; "
                 "peak above the state before the export %lld B = %.3f x largest tensor, %.3f x largest unit, "
                 "%.3f x full model; held after %lld B\n",
                 ctx.rank, static_cast<long long>(full_bytes), static_cast<long long>(largest_unit),
                 static_cast<long long>(largest_tensor), static_cast<long long>(peak_above),
                 static_cast<double>(peak_above) / largest_tensor, static_cast<double>(peak_above) / largest_unit,
                 static_cast<double>(peak_above) / full_bytes, static_cast<long long>(after.current_bytes - before));
-    std::fflush(stdout);
+    std::fclose(out);
     EXPECT_LE(peak_above, static_cast<int64_t>(1.1 * largest_tensor)) << "rank " << ctx.rank;
     EXPECT_LE(after.current_bytes - before, 4096) << "nothing kept after the export";
     const StateDict full = full_state_dict(*model.ptr());  // collective
     if (ctx.rank == 0) expect_file_equals(file, full, "12 blocks");
     barrier(ctx.world);
   });
+  for (int r = 0; r < 2; ++r) {
+    const std::string report = memory_report(::getpid(), r);
+    std::printf("%s", read_file(report).c_str());
+    std::remove(report.c_str());
+  }
 }
 
 // Failures: a path that cannot be created (its directory is a regular file) fails on every
