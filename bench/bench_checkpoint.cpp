@@ -210,6 +210,17 @@ int main(int argc, char** argv) {
     say("RESULT n=%d export_s=%.4f export_rank0_peak_mib=%.3f largest_tensor_mib=%.3f largest_unit_mib=%.3f full_mib=%.3f\n",
         n, max_of(times), mib(peaks[0]), mib(largest_tensor), mib(largest_unit), mib(full));
     if (rank == 0) std::filesystem::remove(file);
+    {  // For contrast: the FULL state dict on rank 0 alone (rank0_only + offload), what a
+       // non-streamed export would build first.
+      fsdpp::barrier(world);
+      const double held = static_cast<double>(fsdpp::memory_stats().current_bytes);
+      fsdpp::reset_peak_memory_stats();
+      { auto sd = fsdpp::get_model_state_dict(model, fsdpp::StateDictOptions().full_state_dict(true).cpu_offload(true)); }
+      const auto full_peaks = gather(static_cast<double>(fsdpp::memory_stats().peak_bytes) - held, world);
+      say("  for contrast, get_model_state_dict(full_state_dict, cpu_offload) peaks at %.2f MiB above rank 0's state "
+          "(%.3f x full model)\n", mib(full_peaks[0]), full_peaks[0] / full);
+      say("RESULT n=%d full_state_dict_rank0_peak_mib=%.3f\n", n, mib(full_peaks[0]));
+    }
     fsdpp::barrier(world);
     return 0;
   }
