@@ -128,12 +128,16 @@ TEST_P(ExportSafetensors, FsdpModelEqualsFullStateDict) {
     const StateDict sharded = get_model_state_dict(model);
     ASSERT_TRUE(sharded.at("transformer.tok_embeddings.weight").is_sharded());
     ckpt::export_safetensors(sharded, dir + "/sharded.safetensors");
+    // A FULL dict only rank 0 holds (rank0_only + offload): the others pass their empty dict.
+    ckpt::export_safetensors(get_model_state_dict(model, StateDictOptions().full_state_dict(true).cpu_offload(true)),
+                             dir + "/rank0.safetensors");
     if (ctx.rank == 0) {
       ASSERT_EQ(full.at("counts").dtype(), at::kLong);
       ASSERT_NE(full.find("transformer.output.weight"), nullptr) << "the tied weight under both names";
-      for (const char* name : {"model", "module", "sharded"})
+      for (const char* name : {"model", "module", "sharded", "rank0"})
         expect_file_equals(dir + "/" + name + ".safetensors", full, name);
-      EXPECT_EQ(files_in(dir), (std::vector<std::string>{"model.safetensors", "module.safetensors", "sharded.safetensors"}))
+      EXPECT_EQ(files_in(dir), (std::vector<std::string>{"model.safetensors", "module.safetensors", "rank0.safetensors",
+                                                         "sharded.safetensors"}))
           << "no temporary file is left";
     } else {
       EXPECT_FALSE(fs::exists(dir + "/model.safetensors.tmp-" + std::to_string(::getpid())));
