@@ -12,6 +12,10 @@
 //    background thread writes, until every rank's save is done, then wait()).
 // Rank 0 prints the results; lines "RESULT key=value" are for scripts.
 //   fsdpp-run --nproc-per-node 2 bench_checkpoint --dir /tmp/ckpt-bench --keep /tmp/ckpt-2
+// --export: only checkpoint::export_safetensors of the live model to DIR/model.safetensors
+// (issue 14): its seconds and each rank's memory peak above its state (fsdpp's allocator) vs
+// the largest tensor, the largest unit and the full model; then exits.
+//   fsdpp-run --nproc-per-node 2 bench_checkpoint --dir /tmp/export --export --layers 12 --dim 512
 #include <unistd.h>
 
 #include <algorithm>
@@ -135,7 +139,7 @@ int main(int argc, char** argv) {
   int64_t local_batch = 1;
   int steps = 3, max_async_steps = 12, reps = 3;
   std::string dir, keep, reshard_from;
-  bool want_drop = false;
+  bool want_drop = false, export_only = false;
   app.add_option("--layers", args.n_layers);
   app.add_option("--dim", args.dim);
   app.add_option("--vocab", args.vocab_size);
@@ -147,6 +151,7 @@ int main(int argc, char** argv) {
   app.add_option("--keep", keep, "save the initial model here too (for a later --reshard-from)");
   app.add_option("--reshard-from", reshard_from, "also load the initial model from this checkpoint (saved at another N)");
   app.add_flag("--drop-caches", want_drop, "drop the page cache before cold loads (needs root)");
+  app.add_flag("--export", export_only, "only time export_safetensors and its memory peak, then exit");
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(1);
 
@@ -171,6 +176,54 @@ int main(int argc, char** argv) {
       Transformer(args), fsdpp::FullyShardOptions().auto_wrap_policy(fsdpp::ModuleWrapPolicy<TransformerBlockImpl>()));
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-5));
   const double build_s = seconds_since(start);
+
+  if (export_only) {
+    double full = 0, largest_tensor = 0, largest_unit = 0;
+    for (const auto& m : model->modules()) {
+      auto* unit = dynamic_cast<fsdpp::FSDPModule*>(m.get());
+      if (!unit) continue;
+      double unit_bytes = 0;
+      for (const auto& p : unit->sharded_parameters()) {
+        const double b = static_cast<double>(p.layout.numel() * p.param.element_size());
+        unit_bytes += b;
+        largest_tensor = std::max(largest_tensor, b);
+      }
+      full += unit_bytes;
+      largest_unit = std::max(largest_unit, unit_bytes);
+    }
+    const std::string file = dir + "/model.safetensors";
+    if (rank == 0) std::filesystem::create_directories(dir);
+    fsdpp::barrier(world);
+    const double before = static_cast<double>(fsdpp::memory_stats().current_bytes);
+    fsdpp::reset_peak_memory_stats();
+    start = Clock::now();
+    ckpt::export_safetensors(model, file, {{"bench", "bench_checkpoint --export"}});
+    const double t = seconds_since(start);
+    const auto times = gather(t, world);
+    const auto peaks = gather(static_cast<double>(fsdpp::memory_stats().peak_bytes) - before, world);
+    say("N=%d export_safetensors: %.1f MiB model (%.2f x its largest unit of %.2f MiB; largest tensor %.2f MiB) "
+        "to one file in %.3f s (slowest rank), %.0f MiB/s\n",
+        n, mib(full), full / largest_unit, mib(largest_unit), mib(largest_tensor), max_of(times), mib(full) / max_of(times));
+    for (int r = 0; r < n; ++r)
+      say("  rank %d: peak above its state %.2f MiB = %.3f x largest tensor, %.3f x largest unit, %.4f x full model\n", r,
+          mib(peaks[r]), peaks[r] / largest_tensor, peaks[r] / largest_unit, peaks[r] / full);
+    say("RESULT n=%d export_s=%.4f export_rank0_peak_mib=%.3f largest_tensor_mib=%.3f largest_unit_mib=%.3f full_mib=%.3f\n",
+        n, max_of(times), mib(peaks[0]), mib(largest_tensor), mib(largest_unit), mib(full));
+    if (rank == 0) std::filesystem::remove(file);
+    {  // For contrast: the FULL state dict on rank 0 alone (rank0_only + offload), what a
+       // non-streamed export would build first.
+      fsdpp::barrier(world);
+      const double held = static_cast<double>(fsdpp::memory_stats().current_bytes);
+      fsdpp::reset_peak_memory_stats();
+      { auto sd = fsdpp::get_model_state_dict(model, fsdpp::StateDictOptions().full_state_dict(true).cpu_offload(true)); }
+      const auto full_peaks = gather(static_cast<double>(fsdpp::memory_stats().peak_bytes) - held, world);
+      say("  for contrast, get_model_state_dict(full_state_dict, cpu_offload) peaks at %.2f MiB above rank 0's state "
+          "(%.3f x full model)\n", mib(full_peaks[0]), full_peaks[0] / full);
+      say("RESULT n=%d full_state_dict_rank0_peak_mib=%.3f\n", n, mib(full_peaks[0]));
+    }
+    fsdpp::barrier(world);
+    return 0;
+  }
 
   fsdpp::StateDict sd0 = fsdpp::get_model_state_dict(model);  // SHARDED; a copy
   const ckpt::State initial = ckpt::to_state(sd0, "model.");

@@ -13,6 +13,12 @@
 
 #include <fsdpp/process_group.h>
 
+namespace torch::nn {
+class Module;
+template <typename Contained>
+class ModuleHolder;
+}  // namespace torch::nn
+
 namespace fsdpp {
 class StateDict;        // <fsdpp/state_dict.h>
 struct NamedOptimizerStateDict;  // <fsdpp/optim_state_dict.h>
@@ -173,5 +179,31 @@ std::map<std::string, at::Tensor> load_safetensors(const std::string& file);
 // Fills each tensor entry of `state` from the tensor of the same name, reading only the byte
 // ranges its shards need (dim-0 rows); sharded entries load their slice of the full tensor.
 void load_safetensors(State& state, const std::string& file);
+
+// Streamed full export (a live model to one standard safetensors file, e.g. model.safetensors
+// for Hugging Face). Collective over the default group (every rank of it calls; a process
+// without a process group exports alone). Writes the model's full state dict: FULL keys and
+// whole tensors, the same keys and values as get_model_state_dict(model, full_state_dict), in
+// state-dict order and each entry's own dtype (bf16 parameters as BF16, int64 buffers as I64).
+// Rank 0 alone writes; each FSDP-sharded tensor is gathered to it one at a time (only its
+// shard group talks; HSDP replicas and ranks outside rank 0's shard group send nothing) and
+// freed once written, so rank 0's memory peak above its state is one tensor (the largest
+// sharded one), never the model. `metadata` goes to the file's __metadata__ (with
+// "format": "pt" unless given). The file is written as FILE.tmp-<pid> and renamed into place:
+// on any error no partial file is left, a file already at FILE is untouched, and every rank
+// throws the same fsdpp::Error naming the file and the rank that failed.
+void export_safetensors(torch::nn::Module& model, const std::string& file,
+                        const std::map<std::string, std::string>& metadata = {});
+template <class M>
+void export_safetensors(const torch::nn::ModuleHolder<M>& model, const std::string& file,
+                        const std::map<std::string, std::string>& metadata = {}) {
+  export_safetensors(*model.ptr(), file, metadata);
+}
+// The same from a state dict (FULL, SHARDED or built by hand): whole tensors are written from
+// rank 0's dict; each ShardedTensor is gathered to rank 0 over its process group, one at a
+// time. Every rank passes its own dict of the same keys (rank 0's keys, dtypes and shapes
+// decide; a rank whose ShardedTensor disagrees fails the export on every rank).
+void export_safetensors(const StateDict& sd, const std::string& file,
+                        const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace fsdpp::checkpoint

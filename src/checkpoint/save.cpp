@@ -19,6 +19,7 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 
+#include "checkpoint/comm.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/format.h"
 #include "checkpoint/metadata.h"
@@ -32,47 +33,6 @@ namespace fs = std::filesystem;
 using namespace detail;
 
 namespace {
-
-// The ranks saving together; a process alone needs no collectives.
-struct Comm {
-  ProcessGroup group;
-  bool alone = true;
-  int rank = 0, size = 1;
-
-  static Comm from(const SaveOptions& options) {
-    Comm c;
-    ProcessGroup g = options.process_group_;
-    if (!g.defined() && is_initialized()) g = default_group();
-    if (g.defined()) {
-      if (!g.is_member()) throw Error("checkpoint::save: this rank is not a member of group " + g.name());
-      c.group = g;
-      c.rank = g.rank();
-      c.size = g.size();
-      c.alone = c.size == 1;
-    }
-    return c;
-  }
-
-  std::vector<std::string> all_gather(const std::string& mine) const {
-    if (alone) return {mine};
-    at::Tensor lengths = at::empty({size}, at::kLong);
-    all_gather_into_tensor(lengths, at::tensor({static_cast<int64_t>(mine.size())}, at::kLong), group);
-    const int64_t longest = std::max<int64_t>(1, lengths.max().item<int64_t>());
-    at::Tensor in = at::zeros({longest}, at::kByte);
-    std::memcpy(in.data_ptr(), mine.data(), mine.size());
-    at::Tensor out = at::empty({longest * size}, at::kByte);
-    all_gather_into_tensor(out, in, group);
-    std::vector<std::string> all(size);
-    const auto* p = static_cast<const char*>(out.data_ptr());
-    for (int r = 0; r < size; ++r) all[r].assign(p + r * longest, static_cast<size_t>(lengths[r].item<int64_t>()));
-    return all;
-  }
-
-  // From group rank 0 to every rank.
-  void broadcast(std::string& bytes) const {
-    if (!alone) broadcast_bytes(bytes, group.global_rank(0), group);
-  }
-};
 
 // Test hook: after every data file is durable and before the metadata is written, group rank
 // 0 creates the file this variable names and sleeps, so a test can kill it right there.
@@ -252,7 +212,7 @@ void write_and_commit(const Job& job) {
 // Plans a save collectively; throws on every rank alike when a rank's state is bad.
 Job prepare(const State& state, const std::string& dir, const SaveOptions& options, bool clone) {
   Job job;
-  job.comm = Comm::from(options);
+  job.comm = Comm::of(options.process_group_, "checkpoint::save");
   job.dir = normalize_dir(dir);
   job.staged = stage(state, clone);
   job.plan = make_plan(job.comm.all_gather(plan_of(job.staged)));
