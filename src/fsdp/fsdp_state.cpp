@@ -158,7 +158,13 @@ void FSDPState::pre_forward() {
 }
 
 void FSDPState::post_forward() {
-  if (param_group_ && !is_root_) param_group_->reshard_after_forward();
+  // Without grad mode (evaluation) no backward follows to reshard the unit, and a unit left
+  // unsharded hides its sharded `.grad` from the optimizer's zero_grad: the stale gradient would
+  // come back and be added to the next step's. So every unit, the root too, reshards now.
+  if (param_group_ && !torch::autograd::GradMode::is_enabled())
+    param_group_->reshard();
+  else if (param_group_ && !is_root_)
+    param_group_->reshard_after_forward();
   training_state_ = TrainingState::kIdle;
   if (context_ && context_->recording_order) {
     append_once(context_->post_forward_order, this);

@@ -112,6 +112,9 @@ struct ParityCase {
   bool delay_before_all_gather = false;
   bool delay_before_reduce_scatter = false;
   bool delay_before_optim = false;
+  // Before each step's zero_grad (after the previous optimizer step), a forward of both models
+  // under NoGradGuard, as an evaluation between training steps.
+  bool eval_forward_between_steps = false;
 
   // The four delay flags from bits 0-3 of `mask` (0-15: the seed's 16 combinations).
   ParityCase& delays(int mask) {
@@ -156,6 +159,13 @@ void check_train_parity(RankContext& ctx, torch::nn::Module& ref, RefForward&& r
   const int64_t local = kGlobalBatch / n;
   for (int step = 0; step < c.steps; ++step) {
     const std::string where = label + " " + name_of(c.optim) + " step " + std::to_string(step);
+    if (c.eval_forward_between_steps) {
+      torch::NoGradGuard no_grad;
+      torch::manual_seed(2000 + step);
+      at::Tensor x = torch::randn({kGlobalBatch, in_dim}, c.dtype);
+      expect_close(fsdp_forward(x.narrow(0, rank * local, local)), ref_forward(x).narrow(0, rank * local, local),
+                   where + " evaluation forward");
+    }
     // Even steps drop the gradients (set_to_none), odd steps zero them in place.
     for (auto* o : {ref_opt.get(), opt.get()}) {
       if (step % 2 == 0) {

@@ -56,6 +56,24 @@ TEST_P(FullyShard1DTrainingCore, TrainParitySingleGroup) {
   });
 }
 
+// A forward under NoGradGuard between steps (an evaluation) leaves every unit sharded, so the
+// optimizer's zero_grad reaches every sharded `.grad`: before the fix the root (and units with
+// reshard_after_forward false) stayed unsharded with their gradient stashed, and the stale
+// gradient was added to the next step's.
+TEST_P(FullyShard1DTrainingCore, TrainParityWithEvalForwardBetweenSteps) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    for (auto& [options, name] : reshard_after_forward_sweep(ctx.world_size))
+      for (Optim optim : {Optim::kSGD, Optim::kAdam}) {
+        ParityCase c;
+        c.optim = optim;
+        c.steps = 4;
+        c.eval_forward_between_steps = true;
+        check_multi_group_parity(ctx, options, c, "eval between steps, " + name);
+        if (::testing::Test::HasFailure()) return;
+      }
+  });
+}
+
 // Seed 001 test_train_parity_multi_group: reshard_after_forward True / False / 2 (2 where it
 // divides the group) x the four delay flags swept independently (the seed's 16 combinations)
 // with Adam, as the seed (10 steps without delays, 4 with); and SGD without delays.

@@ -1,0 +1,51 @@
+#include "checkpoint_dir.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+
+namespace fs = std::filesystem;
+
+namespace train_gpt {
+
+std::string step_dir(const std::string& root, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  return (fs::path(root) / name).string();
+}
+
+std::vector<SavedStep> complete_checkpoints(const std::string& root) {
+  std::vector<SavedStep> found;
+  std::error_code ec;
+  static const std::regex name("step-([0-9]{8})");
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    std::smatch m;
+    const std::string base = entry.path().filename().string();
+    if (!std::regex_match(base, m, name)) continue;
+    if (!fs::is_regular_file(entry.path() / "metadata.json", ec)) continue;
+    found.push_back({std::stoll(m[1].str()), entry.path().string()});
+  }
+  std::sort(found.begin(), found.end(), [](const SavedStep& a, const SavedStep& b) { return a.step < b.step; });
+  return found;
+}
+
+std::optional<SavedStep> newest_complete_checkpoint(const std::string& root) {
+  auto all = complete_checkpoints(root);
+  if (all.empty()) return std::nullopt;
+  return all.back();
+}
+
+std::vector<std::string> prune_checkpoints(const std::string& root, int64_t keep) {
+  std::vector<std::string> removed;
+  auto complete = complete_checkpoints(root);
+  for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i) removed.push_back(complete[i].dir);
+  std::error_code ec;
+  static const std::regex staging("step-[0-9]{8}\\.tmp-.*");
+  for (const auto& entry : fs::directory_iterator(root, ec))
+    if (std::regex_match(entry.path().filename().string(), staging)) removed.push_back(entry.path().string());
+  for (const auto& dir : removed) fs::remove_all(dir, ec);
+  return removed;
+}
+
+}  // namespace train_gpt

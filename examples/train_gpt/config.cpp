@@ -1,0 +1,181 @@
+#include "config.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+#include <variant>
+
+namespace train_gpt {
+namespace {
+
+using Target = std::variant<std::string*, int64_t*, double*, bool*>;
+
+struct Flag {
+  const char* name;
+  Target target;
+  bool recorded;  // part of the run: stored in checkpoints
+  const char* help;
+};
+
+std::vector<Flag> flags(Config& c) {
+  return {
+      {"data", &c.data, true, "text file to train on (required)"},
+      {"layers", &c.layers, true, "transformer blocks"},
+      {"dim", &c.dim, true, "model width"},
+      {"heads", &c.heads, true, "attention heads"},
+      {"seq", &c.seq, true, "tokens (bytes) per sequence"},
+      {"batch", &c.batch, true, "sequences per step over all ranks (a multiple of the world size)"},
+      {"steps", &c.steps, true, "training steps (the learning-rate schedule's length)"},
+      {"lr", &c.lr, true, "peak learning rate (AdamW)"},
+      {"min-lr", &c.min_lr, true, "learning rate at the end of the cosine"},
+      {"warmup", &c.warmup, true, "linear warm-up steps"},
+      {"weight-decay", &c.weight_decay, true, "AdamW weight decay"},
+      {"clip", &c.clip, true, "max global gradient norm over all shards (0: off)"},
+      {"val-fraction", &c.val_fraction, true, "fraction of the file (its end) held out for validation"},
+      {"seed", &c.seed, true, "initial weights and batch sampling"},
+      {"param-dtype", &c.param_dtype, true, "float32 or bfloat16 (FSDP mixed precision; float32 master weights)"},
+      {"activation-checkpointing", &c.activation_checkpointing, false, "recompute each block in backward"},
+      {"replicate", &c.replicate, false, "HSDP: replicas (mesh replicate x world/replicate); 1: plain FSDP"},
+      {"log-every", &c.log_every, false, "steps between progress lines"},
+      {"eval-every", &c.eval_every, false, "steps between validation losses"},
+      {"eval-batches", &c.eval_batches, false, "global batches of the validation split per evaluation"},
+      {"ckpt-dir", &c.ckpt_dir, false, "where checkpoints go (step-NNNNNNN/ each); empty: none"},
+      {"ckpt-every", &c.ckpt_every, false, "steps between checkpoints (saved in the background)"},
+      {"keep", &c.keep, false, "complete checkpoints kept"},
+      {"resume", &c.resume, false, "continue from the newest complete checkpoint in --ckpt-dir"},
+      {"stop-after", &c.stop_after, false, "end this run after that step, as if preempted (then --resume)"},
+      {"out", &c.out, false, "model.safetensors to export at the end (default <ckpt-dir>/model.safetensors)"},
+      {"sample-bytes", &c.sample_bytes, false, "bytes of text generated from the exported model"},
+      {"prompt", &c.prompt, false, "text the sample starts from"},
+      {"progress-bar", &c.progress_bar, false, "draw a progress bar when stdout is a terminal"},
+  };
+}
+
+std::string value_string(const Target& t) {
+  std::ostringstream out;
+  out.precision(17);
+  std::visit([&](auto* p) { out << *p; }, t);
+  return out.str();
+}
+
+void set_value(const Flag& flag, const std::string& text) {
+  const std::string name = std::string("--") + flag.name;
+  auto bad = [&](const char* what) {
+    return std::invalid_argument(name + " " + text + ": " + what);
+  };
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          *p = text;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (text == "1" || text == "true") *p = true;
+          else if (text == "0" || text == "false") *p = false;
+          else throw bad("expected true or false");
+        } else {
+          std::istringstream in(text);
+          T v{};
+          if (!(in >> v) || !in.eof()) throw bad(std::is_same_v<T, double> ? "not a number" : "not an integer");
+          *p = v;
+        }
+      },
+      flag.target);
+}
+
+}  // namespace
+
+void Config::validate() const {
+  const Config& c = *this;
+  auto fail = [](const std::string& m) { throw std::invalid_argument(m); };
+  if (c.data.empty()) fail("--data PATH is required (a text file to train on)");
+  for (auto [name, v] : {std::pair{"--layers", c.layers}, {"--dim", c.dim}, {"--heads", c.heads}, {"--seq", c.seq},
+                         {"--batch", c.batch}, {"--steps", c.steps}, {"--log-every", c.log_every},
+                         {"--eval-every", c.eval_every}, {"--eval-batches", c.eval_batches},
+                         {"--ckpt-every", c.ckpt_every}, {"--keep", c.keep}, {"--replicate", c.replicate}})
+    if (v <= 0) fail(std::string(name) + " must be positive, not " + std::to_string(v));
+  if (c.dim % c.heads != 0)
+    fail("--dim " + std::to_string(c.dim) + " is not a multiple of --heads " + std::to_string(c.heads));
+  if (c.warmup < 0) fail("--warmup must not be negative");
+  if (!(c.val_fraction > 0 && c.val_fraction < 1)) fail("--val-fraction must be between 0 and 1");
+  if (c.param_dtype != "float32" && c.param_dtype != "bfloat16")
+    fail("--param-dtype " + c.param_dtype + ": expected float32 or bfloat16");
+  if (c.resume && c.ckpt_dir.empty()) fail("--resume needs --ckpt-dir");
+}
+
+std::string usage() {
+  Config defaults;
+  std::string text = "usage: train_gpt --data FILE [--flag value]...\n";
+  for (const Flag& f : flags(defaults)) {
+    text += "  --" + std::string(f.name) + " (" + value_string(f.target) + ")";
+    text += std::string(std::max<size_t>(1, 34 - text.size() + text.rfind('\n')), ' ') + f.help + "\n";
+  }
+  return text;
+}
+
+Config parse_flags(int argc, char** argv) {
+  Config c;
+  auto table = flags(c);
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(usage().c_str(), stdout);
+      std::exit(0);
+    }
+    if (arg.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + arg + "'\n" + usage());
+    std::string name = arg.substr(2), text;
+    bool has_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      text = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    auto flag = std::find_if(table.begin(), table.end(), [&](const Flag& f) { return name == f.name; });
+    if (flag == table.end()) throw std::invalid_argument("unknown flag --" + name + "\n" + usage());
+    if (!has_value) {
+      if (std::holds_alternative<bool*>(flag->target)) text = "true";
+      else if (i + 1 < argc) text = argv[++i];
+      else throw std::invalid_argument("--" + name + " needs a value");
+    }
+    set_value(*flag, text);
+    c.given.insert(name);
+  }
+  if (!c.resume) c.validate();
+  else if (c.ckpt_dir.empty()) throw std::invalid_argument("--resume needs --ckpt-dir");
+  return c;
+}
+
+std::string Config::run_record() const {
+  std::string record;
+  for (const Flag& f : flags(const_cast<Config&>(*this)))
+    if (f.recorded) record += std::string(f.name) + "=" + value_string(f.target) + "\n";
+  return record;
+}
+
+void Config::adopt_run_record(const std::string& record, const std::string& where) {
+  auto table = flags(*this);
+  std::istringstream in(record);
+  for (std::string line; std::getline(in, line);) {
+    const auto eq = line.find('=');
+    const std::string name = line.substr(0, eq), saved = eq == std::string::npos ? "" : line.substr(eq + 1);
+    auto flag = std::find_if(table.begin(), table.end(), [&](const Flag& f) { return name == f.name; });
+    if (flag == table.end() || !flag->recorded)
+      throw std::invalid_argument(where + " records an unknown flag '" + name + "'");
+    if (given.count(name)) {
+      Config probe;
+      auto probe_table = flags(probe);
+      const Flag& p = *std::find_if(probe_table.begin(), probe_table.end(), [&](const Flag& f) { return name == f.name; });
+      set_value(p, saved);
+      if (value_string(p.target) != value_string(flag->target))
+        throw std::invalid_argument("--" + name + " " + value_string(flag->target) + " differs from " + saved + " in " +
+                                    where + ": a run's model, data, batch and schedule are fixed when it starts; "
+                                    "drop the flag to continue the run, or start a new one");
+    } else {
+      set_value(*flag, saved);
+    }
+  }
+  validate();
+}
+
+}  // namespace train_gpt

@@ -1,0 +1,55 @@
+#pragma once
+// The trainer's flags. Those that define the run (model shape, data, batch, schedule, seed) are
+// recorded in every checkpoint; --resume takes them from there, and a flag given again with
+// another value is an error naming it. The others (parallelism, intervals, paths) may change
+// between runs, world size included.
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace train_gpt {
+
+struct Config {
+  // The run (recorded in checkpoints).
+  std::string data;            // any UTF-8 (or other) text file; tokens are its bytes
+  int64_t layers = 4, dim = 128, heads = 4, seq = 64;
+  int64_t batch = 16;          // sequences per step over all ranks (a multiple of the world size)
+  int64_t steps = 1000;        // length of the learning-rate schedule
+  double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1;
+  int64_t warmup = 50;         // linear warm-up steps, then cosine down to min_lr at `steps`
+  double clip = 1.0;           // max global gradient norm (0: no clipping)
+  double val_fraction = 0.1;   // the file's tail held out for validation
+  int64_t seed = 1337;
+  std::string param_dtype = "float32";  // or bfloat16: FSDP mixed precision (float32 master weights)
+
+  // This run only.
+  bool activation_checkpointing = false;
+  int64_t replicate = 1;       // HSDP: a (replicate, world / replicate) mesh
+  int64_t log_every = 10, eval_every = 100, eval_batches = 8;
+  std::string ckpt_dir;        // empty: no checkpoints
+  int64_t ckpt_every = 100, keep = 3;
+  bool resume = false;
+  int64_t stop_after = -1;     // end this run after that step, as if preempted
+  std::string out;             // model.safetensors path; empty: <ckpt_dir>/model.safetensors or none
+  int64_t sample_bytes = 300;
+  std::string prompt = "\n";
+  bool progress_bar = true;    // when stdout is a terminal
+
+  std::set<std::string> given;  // the flags given on the command line
+
+  // "name=value" lines of the recorded flags (what a checkpoint stores).
+  std::string run_record() const;
+  // Takes the recorded flags from a checkpoint's record; throws naming the flag when one given
+  // on the command line differs.
+  void adopt_run_record(const std::string& record, const std::string& where);
+  // Throws std::invalid_argument naming the first flag out of range.
+  void validate() const;
+};
+
+// Throws std::invalid_argument naming the bad flag; prints usage and exits for --help.
+Config parse_flags(int argc, char** argv);
+std::string usage();
+
+}  // namespace train_gpt
