@@ -155,10 +155,6 @@ void load_training_state(Model& model, torch::optim::Optimizer& opt, BatchSample
   fsdpp::set_model_state_dict(model, model_sd);
   fsdpp::set_optimizer_state_dict(model, opt, osd);
   sampler.set_state(state["sampler"].to_string());
-  if (std::getenv("DBG")) {  // DEBUG
-    for (auto& g : opt.param_groups()) { auto& o = static_cast<torch::optim::AdamWOptions&>(g.options()); std::fprintf(stderr, "DBG load group lr %g wd %g b %g %g eps %g\n", o.lr(), o.weight_decay(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps()); }
-    { double a = 0, b = 0, q = 0; long long stp = 0; for (auto& kv : opt.state()) { auto& st = static_cast<torch::optim::AdamWParamState&>(*kv.second); stp += st.step(); a += st.exp_avg().sum().item<double>(); b += st.exp_avg_sq().sum().item<double>(); } for (auto& p : model->parameters()) q += p.sum().item<double>(); std::fprintf(stderr, "DBG load st %lld %.9g %.9g p %.9g\n", stp, a, b, q); }
-  }
 }
 
 // Fault injection for the tests: FSDPP_TRAIN_GPT_KILL_IN_SAVE=STEP makes rank 0 SIGKILL itself
@@ -198,6 +194,7 @@ int run(Config c, const fsdpp::ProcessGroup& world) {
     progress.line(format("resumed from %s (step %lld), now on %d ranks", resume_from->dir.c_str(),
                          static_cast<long long>(step), n));
   }
+  if (c.resume && !resume_from) progress.line("no complete checkpoint in " + c.ckpt_dir + ": starting at step 0");
   if (!c.ckpt_dir.empty() && rank == 0) {
     std::filesystem::create_directories(c.ckpt_dir);
     prune_checkpoints(c.ckpt_dir, c.keep);  // and what killed saves left behind
@@ -239,14 +236,10 @@ int run(Config c, const fsdpp::ProcessGroup& world) {
     opt.zero_grad();
     at::Tensor loss = loss_of(model, tokens, targets);
     loss.backward();
-    // CLIP_PENDING
+    if (c.clip > 0) fsdpp::clip_grad_norm_(model, c.clip);
     opt.step();
     ++step;
     ++steps_this_run;
-    if (std::getenv("DBG") && (step == 6 || step == 7)) {  // DEBUG
-      for (auto& g : opt.param_groups()) { auto& o = static_cast<torch::optim::AdamWOptions&>(g.options()); std::fprintf(stderr, "DBG r%d step %lld group lr %g wd %g b %g %g eps %g\n", rank, (long long)step, o.lr(), o.weight_decay(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps()); }
-      { double a = 0, b = 0, q = 0; long long stp = 0; for (auto& kv : opt.state()) { auto& st = static_cast<torch::optim::AdamWParamState&>(*kv.second); stp += st.step(); a += st.exp_avg().sum().item<double>(); b += st.exp_avg_sq().sum().item<double>(); } for (auto& p : model->parameters()) q += p.sum().item<double>(); std::fprintf(stderr, "DBG r%d step %lld st %lld %.9g %.9g p %.9g\n", rank, (long long)step, stp, a, b, q); }
-    }
     const double dt = seconds_since(t0);
     interval_seconds += dt;
     train_seconds += dt;
@@ -298,7 +291,7 @@ int run(Config c, const fsdpp::ProcessGroup& world) {
   std::string out = c.out.empty() && !c.ckpt_dir.empty() ? c.ckpt_dir + "/model.safetensors" : c.out;
   if (!out.empty()) {
     if (std::isnan(val_loss)) val_loss = validation_loss(model, corpus, c, rank, n);
-    { std::map<std::string, at::Tensor> m; for (const auto& [k, v] : fsdpp::get_model_state_dict(model, fsdpp::StateDictOptions().full_state_dict(true))) m[k] = v.tensor(); if (rank == 0) ckpt::save_safetensors(m, out); fsdpp::barrier(); } // EXPORT_PENDING
+    ckpt::export_safetensors(model, out, {{"train_gpt.run", c.run_record()}});
     if (rank == 0) {
       progress.line(format("wrote %s", out.c_str()));
       const std::string sample = sample_text(out, model_args(c), c.prompt, c.sample_bytes, static_cast<uint64_t>(c.seed));

@@ -95,6 +95,9 @@ class Trainer:
 MODEL = ["--layers", 2, "--dim", 32, "--heads", 2, "--seq", 32, "--batch", 12, "--steps", 12,
          "--warmup", 3, "--lr", 3e-3, "--log-every", 1, "--eval-every", 6, "--eval-batches", 2,
          "--ckpt-every", 4, "--sample-bytes", 40]
+# What a resumed run is given besides --ckpt-dir --resume: this run's flags only (the run's
+# shape, data, batch and schedule come from the checkpoint).
+RESUME = ["--resume", "--log-every", 1, "--eval-every", 6, "--eval-batches", 2, "--sample-bytes", 40]
 
 
 def losses(output):
@@ -124,9 +127,7 @@ def case_resume_same(t):
     first = t.run(2, *MODEL, "--ckpt-dir", t.dir("stopped"), "--stop-after", 6)
     check("stopped after step 6 of 12" in first, "--stop-after 6 did not stop at 6", first)
     # Resume with no model flags at all: they come from the checkpoint.
-    cmd_flags = ["--ckpt-dir", t.dir("stopped"), "--resume", "--log-every", 1, "--eval-every", 6,
-                 "--sample-bytes", 40]
-    second = t.run_resume = t.run(2, *cmd_flags)
+    second = t.run(2, "--ckpt-dir", t.dir("stopped"), *RESUME)
     check("resumed from " + os.path.join(t.dir("stopped"), "step-00000006") in second, "did not resume from step 6", second)
     ref_train, ref_val = losses(ref_out)
     a_train, a_val = losses(first)
@@ -172,8 +173,7 @@ def case_resume_other(t):
     for n_from, n_to in [(4, 2), (2, 3)]:
         ref_out, ref_model = uninterrupted(t, n_to, f"straight-{n_to}")
         t.run(n_from, *MODEL, "--ckpt-dir", t.dir(f"run-{n_from}-{n_to}"), "--stop-after", 6)
-        out = t.run(n_to, "--ckpt-dir", t.dir(f"run-{n_from}-{n_to}"), "--resume", "--log-every", 1,
-                    "--eval-every", 6, "--sample-bytes", 40)
+        out = t.run(n_to, "--ckpt-dir", t.dir(f"run-{n_from}-{n_to}"), *RESUME)
         check(f"now on {n_to} ranks" in out, f"did not resume on {n_to} ranks", out)
         ref_train, _ = losses(ref_out)
         got_train, _ = losses(out)
@@ -193,8 +193,7 @@ def case_killed_save(t):
     check("step-00000004" in names, f"step 4's checkpoint is missing: {names}", out)
     check(not os.path.exists(os.path.join(t.dir("killed"), "step-00000008", "metadata.json")),
           f"the checkpoint killed mid-save looks complete: {names}", out)
-    resumed = t.run(2, "--ckpt-dir", t.dir("killed"), "--resume", "--log-every", 1, "--eval-every", 6,
-                    "--sample-bytes", 40)
+    resumed = t.run(2, "--ckpt-dir", t.dir("killed"), *RESUME)
     check("resumed from " + os.path.join(t.dir("killed"), "step-00000004") in resumed,
           "did not resume from step 4's checkpoint", resumed)
     left = sorted(os.listdir(t.dir("killed")))
