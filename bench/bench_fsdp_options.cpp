@@ -4,8 +4,12 @@
 //    of every block and, at an even N >= 4, HSDP on an (N/2, 2) mesh: all-gather,
 //    reduce-scatter and all-reduce bytes per step (CommDebugMode), median step time, peak
 //    tensor memory of a step above what is held between steps.
+// --hsdp-only keeps float32 FSDP and HSDP; --trace DIR writes a Chrome trace of two steps of
+// each variant per rank (DIR/<variant>/rank-<R>.json, after the timed rounds).
 //   fsdpp-run --nproc-per-node 2 bench_fsdp_options --layers 4 --dim 256
+#include <cctype>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -25,6 +29,18 @@ using fsdpp::examples::TransformerArgs;
 using fsdpp::examples::TransformerBlockImpl;
 
 double mib(double bytes) { return bytes / (1 << 20); }
+
+// "fp32, HSDP (N/2 x 2)" -> "fp32-hsdp-n-2-x-2"
+std::string slug(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    const bool alnum = std::isalnum(static_cast<unsigned char>(c)) != 0;
+    if (alnum) out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    else if (!out.empty() && out.back() != '-') out += '-';
+  }
+  if (!out.empty() && out.back() == '-') out.pop_back();
+  return out;
+}
 
 struct Variant {
   std::string name;
@@ -54,6 +70,12 @@ int main(int argc, char** argv) {
   app.add_option("--local-batch", local_batch);
   app.add_option("--steps", steps);
   app.add_option("--rounds", rounds);
+  bool hsdp_only = false;
+  app.add_flag("--hsdp-only", hsdp_only, "Only float32 FSDP and HSDP (N >= 4, even)");
+  std::string trace_dir;
+  app.add_option("--trace", trace_dir,
+                 "Write a Chrome trace of two steps of each variant per rank to DIR/<variant>/rank-<R>.json "
+                 "(scripts/merge-chrome-traces.py merges them)");
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(1);
 
@@ -78,6 +100,7 @@ int main(int argc, char** argv) {
   if (n >= 4 && n % 2 == 0)
     variants.push_back({"fp32, HSDP (N/2 x 2)",
                         fsdpp::FullyShardOptions(blocks).mesh(fsdpp::init_device_mesh(world, {n / 2, 2}))});
+  if (hsdp_only) variants.erase(variants.begin() + 1, variants.begin() + 4);
   std::vector<Result> results(variants.size());
   for (int round = 0; round < rounds; ++round)
     for (size_t v = 0; v < variants.size(); ++v) {
@@ -89,7 +112,16 @@ int main(int argc, char** argv) {
       torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-4));
       auto step = [&] {
         opt.zero_grad();
-        language_model_loss(model->forward(tokens).to(at::kFloat), targets).backward();
+        at::Tensor loss;
+        {
+          fsdpp::profiler::record_function span("forward");
+          loss = language_model_loss(model->forward(tokens).to(at::kFloat), targets);
+        }
+        {
+          fsdpp::profiler::record_function span("backward");
+          loss.backward();
+        }
+        fsdpp::profiler::record_function span("optimizer");
         opt.step();
       };
       step();  // Adam state exists from here on
@@ -105,6 +137,18 @@ int main(int argc, char** argv) {
         r.all_reduce_bytes = comm.bytes_sent("all_reduce");
       }
       r.times.push_back(fsdpp::bench::median_step(step, warmup, steps, &world));
+      if (!trace_dir.empty() && round == rounds - 1) {
+        const std::string dir = trace_dir + "/" + slug(variants[v].name);
+        std::filesystem::create_directories(dir);
+        fsdpp::barrier(world);
+        fsdpp::profiler::start();
+        for (int i = 0; i < 2; ++i) {
+          fsdpp::profiler::record_function span("step " + std::to_string(i));
+          step();
+        }
+        fsdpp::profiler::stop();
+        fsdpp::profiler::export_chrome_trace(dir + "/rank-" + std::to_string(rank) + ".json");
+      }
     }
   if (rank == 0) {
     std::printf("transformer: %lld layers, dim %lld; N = %d, local batch %lld x %lld; %d rounds\n",

@@ -9,6 +9,8 @@
 #include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/error.h>
 
+#include "comm/chained_collectives.h"
+#include "comm/error_message.h"
 #include "comm/hang_report.h"
 #include "comm/process_group_impl.h"
 #include "comm/wire_bytes.h"
@@ -305,9 +307,10 @@ class TraceRun {
 };
 
 // Validation and counting happen in the caller's thread; the exchange itself runs on the
-// group's comm thread, preceded by the cross-rank check when it is on.
+// group's comm thread, preceded by the cross-rank check when it is on. A chained collective
+// (`after` given) first waits there for `after`, outside its span of the timeline.
 Work submit(const ProcessGroupImpl& g, Kind kind, Intent intent, int64_t bytes_sent, const std::string& what,
-            bool async_op, std::function<void()> run) {
+            bool async_op, std::function<void()> run, Work after = Work()) {
   const int64_t seq = g.next_seq++;
   intent.fields[Intent::kKind] = kind;
   intent.fields[Intent::kSeq] = seq;
@@ -317,7 +320,13 @@ Work submit(const ProcessGroupImpl& g, Kind kind, Intent intent, int64_t bytes_s
   std::string trace_name = std::string(kKindNames[kind]) + " #" + std::to_string(seq) + " " + g.name;
   auto issued = profiler::detail::recording() ? trace_issue(trace_name, description) : TraceIssue{};
   auto state = g.comm_thread->enqueue(description, [&g, check, seq, description, intent = std::move(intent),
-                                                    run = std::move(run), trace_name, issued, bytes_sent] {
+                                                    run = std::move(run), trace_name, issued, bytes_sent,
+                                                    after = std::move(after)] {
+    try {
+      after.wait();
+    } catch (const std::exception& e) {
+      throw Error(description + " not run: " + detail::message_without_backtrace(e));
+    }
     TraceRun traced(g, trace_name, description, issued, bytes_sent);
     try {
       if (check) check_intent(g, intent);
@@ -353,7 +362,10 @@ const char* to_string(ReduceOp op) {
   return "?";
 }
 
-Work all_reduce(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group, bool async_op) {
+namespace {
+
+Work all_reduce_impl(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group, bool async_op, Work after,
+                     std::function<void()> prepare) {
   const auto& g = detail::member_group(group, "all_reduce");
   require_tensor(tensor, "all_reduce", "input");
   require_op_for(op, tensor.scalar_type(), "all_reduce");
@@ -368,7 +380,8 @@ Work all_reduce(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group
   int64_t wire = native ? detail::ring_all_reduce_bytes(bytes, tensor.element_size(), g.rank, n)
                         : 2 * (n - 1) * chunk_bytes;
   if (n == 1) wire = 0;
-  return submit(g, kAllReduce, intent, wire, shape_of(tensor) + ", " + to_string(op), async_op, [&g, tensor, op, native] {
+  auto run = [&g, tensor, op, native, prepare = std::move(prepare)] {
+    if (prepare) prepare();
     if (g.size() == 1) return;
     if (!native) return run_all_reduce_by_scatter_gather(g, tensor, op);
     std::vector<at::Tensor> tensors{tensor};
@@ -377,8 +390,25 @@ Work all_reduce(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group
     options.timeout = g.timeout;
     g.backend->allreduce(tensors, options)->wait(g.timeout);
     if (op == ReduceOp::AVG) tensor.div_(g.size());
-  });
+  };
+  return submit(g, kAllReduce, intent, wire, shape_of(tensor) + ", " + to_string(op), async_op, std::move(run),
+                std::move(after));
 }
+
+}  // namespace
+
+Work all_reduce(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group, bool async_op) {
+  return all_reduce_impl(tensor, op, group, async_op, Work(), {});
+}
+
+namespace detail {
+
+Work all_reduce_after(const Work& after, const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group,
+                      std::function<void()> prepare) {
+  return all_reduce_impl(tensor, op, group, /*async_op=*/true, after, std::move(prepare));
+}
+
+}  // namespace detail
 
 Work broadcast(const at::Tensor& tensor, int src, const ProcessGroup& group, bool async_op) {
   const auto& g = detail::member_group(group, "broadcast");

@@ -11,6 +11,7 @@
 #include <fsdpp/error.h>
 #include <fsdpp/profiler.h>
 
+#include "comm/chained_collectives.h"
 #include "fsdp/fsdp_collectives.h"
 #include "fsdp/testing_delays.h"
 #include "profiler/timeline.h"
@@ -54,10 +55,16 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> p
 
 FSDPParamGroup::~FSDPParamGroup() {
   // Leave the parameters as shards; never throw from here.
-  try {
-    if (all_gather_output_.defined()) all_gather_work_.wait();
-    if (reduce_scatter_output_.defined()) reduce_scatter_work_.wait();
-  } catch (...) {
+  auto wait_quietly = [](const Work& work) {
+    try {
+      work.wait();
+    } catch (...) {
+    }
+  };
+  if (all_gather_output_.defined()) wait_quietly(all_gather_work_);
+  if (reduce_scatter_output_.defined()) {
+    wait_quietly(reduce_scatter_work_);
+    wait_quietly(all_reduce_work_);
   }
 }
 
@@ -379,31 +386,38 @@ bool FSDPParamGroup::post_backward() {
   testing_delay(testing_delays().before_reduce_scatter_ms);
   reduce_scatter_work_ = reduce_scatter_tensor(reduce_scatter_output_, reduce_scatter_input_, ReduceOp::AVG, process_group_,
                                                /*async_op=*/true);
+  if (replicate_group_.defined() && requires_all_reduce_) start_all_reduce();
   return true;
 }
 
-bool FSDPParamGroup::reduce_across_replicas(at::Tensor& output) {
-  if (!requires_all_reduce_) {
-    // Summed here, not in `.grad`: only the all-reduced sum is a gradient (FSDP2's partial
-    // reduce output). A parameter without a gradient this time added zeros.
-    if (partial_reduce_output_.defined()) {
-      partial_reduce_output_.add_(output);
-      release_storage(output);
-    } else {
-      partial_reduce_output_ = output;
-    }
-    had_partial_grad_.resize(params_.size(), 0);
-    for (size_t i = 0; i < params_.size(); ++i) had_partial_grad_[i] |= had_grad_[i];
-    return false;
-  }
+void FSDPParamGroup::start_all_reduce() {
+  // Issued here, in backward's order, which is the same on every rank; the replicate group's
+  // comm thread runs it once the reduce-scatter (issued just before, on the shard group's
+  // thread) has finished. Only the all-reduced sum is a gradient: a sum kept while all-reduce
+  // was off (FSDP2's partial reduce output) is added to the reduce-scatter output first.
+  at::Tensor partial = std::move(partial_reduce_output_);
+  partial_reduce_output_ = at::Tensor();
+  for (size_t i = 0; i < had_partial_grad_.size(); ++i) had_grad_[i] |= had_partial_grad_[i];
+  had_partial_grad_.clear();
+  std::function<void()> add_partial;
+  if (partial.defined())
+    add_partial = [output = reduce_scatter_output_, partial = std::move(partial)] { output.add_(partial); };
+  all_reduce_work_ = detail::all_reduce_after(reduce_scatter_work_, reduce_scatter_output_, ReduceOp::AVG,
+                                              replicate_group_, std::move(add_partial));
+  all_reduce_issued_ = true;
+}
+
+void FSDPParamGroup::keep_partial_reduce_output(at::Tensor& output) {
+  // Summed here, not in `.grad`: only the all-reduced sum is a gradient. A parameter without a
+  // gradient this time added zeros.
   if (partial_reduce_output_.defined()) {
-    output.add_(partial_reduce_output_);
-    partial_reduce_output_ = at::Tensor();
-    for (size_t i = 0; i < had_partial_grad_.size(); ++i) had_grad_[i] |= had_partial_grad_[i];
-    had_partial_grad_.clear();
+    partial_reduce_output_.add_(output);
+    release_storage(output);
+  } else {
+    partial_reduce_output_ = output;
   }
-  all_reduce(output, ReduceOp::AVG, replicate_group_);
-  return true;
+  had_partial_grad_.resize(params_.size(), 0);
+  for (size_t i = 0; i < params_.size(); ++i) had_partial_grad_[i] |= had_grad_[i];
 }
 
 void FSDPParamGroup::finalize_backward() {
@@ -413,11 +427,22 @@ void FSDPParamGroup::finalize_backward() {
   reduce_scatter_output_ = at::Tensor();
   Work work = std::move(reduce_scatter_work_);
   reduce_scatter_work_ = Work();
+  Work all_reduce_work = std::move(all_reduce_work_);
+  all_reduce_work_ = Work();
+  const bool all_reduced = all_reduce_issued_;
+  all_reduce_issued_ = false;
+  // A failed reduce-scatter throws here; its all-reduce then fails without running.
   work.wait();
   release_storage(reduce_scatter_input_);
   reduce_scatter_input_ = at::Tensor();
   at::NoGradGuard no_grad;
-  if (replicate_group_.defined() && !reduce_across_replicas(output)) return;
+  if (replicate_group_.defined()) {
+    if (!all_reduced) {
+      keep_partial_reduce_output(output);
+      return;
+    }
+    all_reduce_work.wait();
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!had_grad_[i]) continue;
     at::Tensor shard = gradient_shard(params_, flat_, output, i);

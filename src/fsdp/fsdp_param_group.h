@@ -72,13 +72,18 @@ class FSDPParamGroup {
   void set_reshard_after_forward(bool v) { reshard_policy_ = v; post_forward_size_ = 0; }
 
   // Takes the full gradients the unit's backward left in `.grad`, starts the reduce-scatter
-  // of their average and reshards. Returns false when no parameter had a gradient.
+  // of their average and reshards. Under HSDP (all-reduce on) also issues the all-reduce of
+  // its output across the replicas, chained after it on the comm threads (FSDP2's
+  // foreach_reduce), so that backward's compute overlaps both. Returns false when no
+  // parameter had a gradient.
   bool post_backward();
-  // Waits for the reduce-scatter and writes (or adds) each parameter's gradient shard.
+  // Waits for the reduce-scatter (and the replicate all-reduce) and writes (or adds) each
+  // parameter's gradient shard. Starts no collective.
   void finalize_backward();
   // In flight and finished on the wire: finalize_backward() will not block. Never under HSDP:
-  // there finalize_backward() starts the replicate all-reduce, which every rank must start in
-  // the same order, so it runs only where the order does not depend on timing.
+  // there the end of backward waits for the reduce-scatter and its all-reduce, so that a failed
+  // all-reduce throws at the same point on every rank (thrown mid-backward on one rank only, it
+  // could leave a peer waiting for a reduce-scatter this rank would no longer issue).
   bool reduce_scatter_done() const {
     return !replicate_group_.defined() && reduce_scatter_output_.defined() && reduce_scatter_work_.is_completed();
   }
@@ -86,8 +91,9 @@ class FSDPParamGroup {
   // Off: post_backward keeps the full gradients (summed over backwards) instead of
   // reduce-scattering them; the next post_backward with it on reduces the sum.
   void set_requires_gradient_sync(bool v) { requires_gradient_sync_ = v; }
-  // HSDP. Off: finalize_backward keeps the reduce-scatter output (summed over backwards) instead
-  // of all-reducing it and writing `.grad`; the next finalize with it on adds the kept sum first.
+  // HSDP. Off: post_backward issues no all-reduce and finalize_backward keeps the reduce-scatter
+  // output (summed over backwards) instead of writing `.grad`; the next post_backward with it
+  // on adds the kept sum to its reduce-scatter output (on the comm thread) and all-reduces that.
   void set_requires_all_reduce(bool v) { requires_all_reduce_ = v; }
   // Off: a backward without gradient sync leaves the parameters unsharded (the next forward
   // gathers nothing). A backward that syncs always reshards: `.grad` is shard-shaped.
@@ -122,9 +128,11 @@ class FSDPParamGroup {
   // dtype unless the mixed-precision policy names another), on the compute device.
   at::TensorOptions compute_options() const;
   at::TensorOptions reduce_options() const;
-  // HSDP: averages a reduce-scatter output (the shard-group average) across the replicas, or,
-  // while all-reduce is off, adds it to the kept sum and returns false.
-  bool reduce_across_replicas(at::Tensor& output);
+  // HSDP: issues the average of the reduce-scatter output (the shard-group average, plus the
+  // sum kept while all-reduce was off) across the replicas, after the reduce-scatter.
+  void start_all_reduce();
+  // HSDP with all-reduce off: adds a finished reduce-scatter output to the kept sum.
+  void keep_partial_reduce_output(at::Tensor& output);
   std::vector<ShardMetadata> flat_shards_metadata() const;
   void allocate_unsharded();
   void free_unsharded();
@@ -161,6 +169,9 @@ class FSDPParamGroup {
   at::Tensor reduce_scatter_input_;
   at::Tensor reduce_scatter_output_;
   std::vector<char> had_grad_;
+  // HSDP: the all-reduce of reduce_scatter_output_ across the replicas, when issued.
+  Work all_reduce_work_;
+  bool all_reduce_issued_ = false;
   bool requires_gradient_sync_ = true;
   bool requires_all_reduce_ = true;
   at::Tensor partial_reduce_output_;  // HSDP without all-reduce: reduce-scatter outputs, summed

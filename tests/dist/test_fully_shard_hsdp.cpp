@@ -377,6 +377,30 @@ TEST(FullyShardHSDPErrors, MeshesAndStrategiesThatDisagreeAreRefused) {
   });
 }
 
+// A replicate all-reduce that fails (here the cross-rank check: the two replicas reduce in
+// different dtypes, each consistent within its shard group) surfaces from backward with the
+// collective's own message, as a synchronous all_reduce's failure would.
+TEST(FullyShardHSDPErrors, AFailedReplicateAllReduceSurfacesFromBackward) {
+  run_ranks(4, [](RankContext& ctx) {
+    ASSERT_TRUE(ctx.world.check_collectives()) << "the harness checks collectives across ranks";
+    const DeviceMesh mesh = hsdp_mesh(ctx, 2, 2);
+    const at::ScalarType reduce_dtype = ctx.rank < 2 ? at::kDouble : at::kFloat;  // replicate coordinate 0 or 1
+    const auto options = FullyShardOptions().mesh(mesh).mp_policy(MixedPrecisionPolicy().reduce_dtype(reduce_dtype));
+    FSDPSequential model = make_sharded(4, options, false);
+    std::string error = "no error";
+    try {
+      model->forward(torch::randn({8, 4})).sum().backward();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    const std::string replicate = mesh.get_group("replicate").name();
+    EXPECT_NE(error.find("ranks of " + replicate + " disagree on a collective"), std::string::npos) << error;
+    EXPECT_NE(error.find("all_reduce #"), std::string::npos) << error;
+    EXPECT_NE(error.find("Double"), std::string::npos) << error;
+    EXPECT_NE(error.find("Float"), std::string::npos) << error;
+  });
+}
+
 TEST(FullyShardHSDPErrors, HybridShardNeedsANodeSizeThatDividesTheGroup) {
   testing::RunOptions run;
   run.env = {"LOCAL_WORLD_SIZE=3"};

@@ -2,6 +2,7 @@
 // waited on), FSDP's per-unit spans, and the user's record_function spans.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fsdpp/comm_debug_mode.h>
+#include <fsdpp/device_mesh.h>
 #include <fsdpp/error.h>
 #include <fsdpp/profiler.h>
 
@@ -172,6 +174,83 @@ TEST_P(ProfilerTest, FSDPUnitsNameTheirCollectives) {
 }
 
 FSDPP_INSTANTIATE_WORLD_SIZES(ProfilerTest);
+
+// HSDP on a 2 x 2 mesh, as FSDP2's foreach_reduce: each unit's all-reduce across the replicas is
+// issued in its own post-backward, right after its reduce-scatter (so before the next unit's
+// backward compute), and the replicate group's comm thread runs it only after waiting for that
+// reduce-scatter. Not at the end of backward, where no compute would be left to overlap it.
+// Checked from the order of the recorded events, never from durations.
+TEST(ProfilerHSDP, ReplicateAllReduceIsIssuedInPostBackwardAfterTheReduceScatter) {
+  testing::run_ranks(4, [](RankContext& ctx) {
+    torch::manual_seed(0);
+    const DeviceMesh mesh = init_device_mesh(ctx.world, {2, 2}, {"replicate", "shard"});
+    const std::string replicate = mesh.get_group("replicate").name();
+    const auto options = FullyShardOptions().mesh(mesh);
+    FSDPSequential model(make_multi_group(true, options), options);
+    const size_t units = fsdp_units(*model).size();
+    ASSERT_EQ(units, 3u);
+    model->forward(torch::randn({4, 7})).sum().backward();  // lazy initialization, untraced
+    profiler::start();
+    at::Tensor loss = model->forward(torch::randn({4, 7})).sum();
+    {
+      profiler::record_function backward("backward");
+      loss.backward();
+    }
+    profiler::stop();
+    const std::string path = ctx.temp_dir + "/rank-" + std::to_string(ctx.rank) + ".json";
+    profiler::export_chrome_trace(path);
+    const Trace trace(path);
+
+    auto ends_with = [](const std::string& s, const std::string& suffix) {
+      return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    std::vector<json> post_backward = trace.named("FSDP::post_backward ");
+    std::sort(post_backward.begin(), post_backward.end(),
+              [](const json& a, const json& b) { return a.at("ts").get<long long>() < b.at("ts").get<long long>(); });
+    ASSERT_EQ(post_backward.size(), units);
+    std::vector<json> issued;
+    for (const auto& e : trace.named("issue all_reduce #"))
+      if (ends_with(e.at("name"), " " + replicate)) issued.push_back(e);
+    ASSERT_EQ(issued.size(), units) << "one replicate all-reduce per unit";
+    for (const auto& issue : issued) {
+      SCOPED_TRACE(issue.dump());
+      const std::string in = issue.at("args").at("in");
+      EXPECT_EQ(in.rfind("FSDP::post_backward ", 0), 0u) << "issued in " << in << ", not in the unit's post-backward";
+      size_t k = 0;
+      while (k < post_backward.size() && post_backward[k].at("name") != in) ++k;
+      ASSERT_LT(k, post_backward.size());
+      const json& span = post_backward[k];
+      EXPECT_LE(span.at("ts").get<long long>(), issue.at("ts").get<long long>());
+      EXPECT_LE(issue.at("ts").get<long long>(), end_of(span));
+      // Before the backward compute of the units after it.
+      if (k + 1 < post_backward.size()) {
+        EXPECT_LE(issue.at("ts").get<long long>(), post_backward[k + 1].at("ts").get<long long>());
+      }
+      // After its unit's reduce-scatter, which the comm thread waits for before running it.
+      std::string reduce_scatter;
+      for (const auto& e : trace.named("issue reduce_scatter_tensor #"))
+        if (e.at("args").at("in") == in) {
+          EXPECT_LE(e.at("ts").get<long long>(), issue.at("ts").get<long long>());
+          reduce_scatter = e.at("name").get<std::string>().substr(std::string("issue ").size());
+        }
+      ASSERT_FALSE(reduce_scatter.empty());
+      const std::string all_reduce = issue.at("name").get<std::string>().substr(std::string("issue ").size());
+      std::vector<json> runs;
+      for (const auto& e : trace.named(all_reduce))
+        if (e.at("name") == all_reduce) runs.push_back(e);
+      ASSERT_EQ(runs.size(), 1u) << all_reduce;
+      const json& run = runs.front();
+      EXPECT_EQ(trace.track_names.at(run.at("tid").get<int>()), "comm thread of group " + replicate);
+      bool waited = false;
+      for (const auto& wait : trace.named("wait " + reduce_scatter))
+        if (wait.at("name") == "wait " + reduce_scatter && wait.at("tid") == run.at("tid")) {
+          waited = true;
+          EXPECT_LE(end_of(wait), run.at("ts").get<long long>());
+        }
+      EXPECT_TRUE(waited) << "the replicate comm thread waits for " << reduce_scatter;
+    }
+  });
+}
 
 TEST(ProfilerErrors, ExportNamesTheFileItCannotWrite) {
   const std::string error = testing::error_of([] { profiler::export_chrome_trace("/nonexistent-dir/trace.json"); });
