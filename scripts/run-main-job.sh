@@ -11,8 +11,9 @@ run=build/main-job
 rm -rf "$run"
 mkdir -p "$run"
 scripts/make-corpus.sh "$run/corpus.txt"
+export OPENBLAS_NUM_THREADS=1  # one thread per rank: 4 ranks share the cores
 echo "main job: $(scripts/describe-platform.sh)"
-OPENBLAS_NUM_THREADS=1 build/tools/fsdpp-run --nproc-per-node 4 build/examples/train_gpt \
+build/tools/fsdpp-run --nproc-per-node 4 build/examples/train_gpt \
   --data "$run/corpus.txt" --ckpt-dir "$run/ckpt" \
   --layers 4 --dim 128 --heads 4 --seq 64 --batch 16 --steps 600 --warmup 50 --lr 2e-3 --min-lr 2e-4 \
   --log-every 50 --eval-every 150 --eval-batches 8 --ckpt-every 150 --keep 2 --prompt "The " "$@"

@@ -11,6 +11,8 @@ Cases (each a ctest test TrainGpt.<Case>):
   KilledSaveIsNeverResumed        rank 0 SIGKILLed while step 8's checkpoint is written: the
                                   job fails, --resume continues from step 4's, and the result
                                   equals the uninterrupted run bitwise
+  ParallelismFlagsKeepTheRun      HSDP + activation checkpointing in bf16 stopped, resumed as plain
+                                  FSDP on 2 ranks: the losses of plain FSDP on 4
   LearnsBelowUnigramEntropy       a short run's validation loss ends below the text's unigram
                                   entropy, and the exported file generates a sample
   FlagErrors                      misuse gets errors naming the flag
@@ -168,8 +170,8 @@ def max_difference(a_path, b_path):
 
 
 def case_resume_other(t):
-    # float32 sums in another order at another world size: losses agree to 2e-5 relative and
-    # weights to 2e-3 relative (+1e-3 absolute) after 12 AdamW steps (measured: see output).
+    # float32 sums in another order at another world size. Measured: losses within 2.1e-7
+    # relative, weights within 3.1e-5 (relative, 1e-3 floor); checked with a margin of ~10x.
     for n_from, n_to in [(4, 2), (2, 3)]:
         ref_out, ref_model = uninterrupted(t, n_to, f"straight-{n_to}")
         t.run(n_from, *MODEL, "--ckpt-dir", t.dir(f"run-{n_from}-{n_to}"), "--stop-after", 6)
@@ -181,8 +183,8 @@ def case_resume_other(t):
         worst_weight = max_difference(os.path.join(t.dir(f"run-{n_from}-{n_to}"), "model.safetensors"), ref_model)
         print(f"{n_from} -> {n_to} ranks: losses of steps 7-12 within {worst_loss:.2e} relative, "
               f"weights within {worst_weight:.2e} (relative, 1e-3 floor) of an uninterrupted {n_to}-rank run")
-        check(worst_loss <= 2e-5, f"{n_from} -> {n_to}: losses differ by {worst_loss:.3g} relative", out)
-        check(worst_weight <= 2e-3, f"{n_from} -> {n_to}: weights differ by {worst_weight:.3g}", out)
+        check(worst_loss <= 2e-6, f"{n_from} -> {n_to}: losses differ by {worst_loss:.3g} relative", out)
+        check(worst_weight <= 3e-4, f"{n_from} -> {n_to}: weights differ by {worst_weight:.3g}", out)
     print("ok")
 
 
@@ -216,6 +218,25 @@ def case_learns(t):
     print(f"ok: validation loss {val} < 0.6 x unigram entropy {entropy}")
 
 
+def case_parallelism_flags(t):
+    # bf16 compute; HSDP 2 x 2 with every block checkpointed, stopped at step 6 and resumed as
+    # plain FSDP on 2 ranks (parallelism is not part of the run), against plain FSDP on 4 ranks.
+    bf16 = MODEL + ["--param-dtype", "bfloat16"]
+    ref, _ = losses(t.run(4, *bf16, "--ckpt-dir", t.dir("plain")))
+    first = t.run(4, *bf16, "--ckpt-dir", t.dir("hsdp"), "--replicate", 2, "--activation-checkpointing",
+                  "--stop-after", 6)
+    check("HSDP 2 x 2, bf16 compute, activation checkpointing" in first, "the flags did not take effect", first)
+    second = t.run(2, "--ckpt-dir", t.dir("hsdp"), *RESUME)
+    check("now on 2 ranks" in second and "HSDP" not in second, "did not resume as plain FSDP on 2 ranks", second)
+    got = {**losses(first)[0], **losses(second)[0]}
+    check(sorted(got) == list(range(1, 13)), f"steps logged: {sorted(got)}", first + second)
+    worst = max(abs(float(got[s]) - float(ref[s])) / float(ref[s]) for s in range(1, 13))
+    print(f"HSDP + activation checkpointing (steps 1-6, 4 ranks) then plain FSDP (7-12, 2 ranks), bf16: "
+          f"losses within {worst:.2e} relative of plain FSDP on 4 ranks")
+    check(worst <= 4e-3, f"losses differ by {worst:.3g} relative (bf16's half-ulp is 3.9e-3)", first + second)
+    print("ok")
+
+
 def case_flag_errors(t):
     out = t.run(2, *MODEL[:-2], "--batch", 5, expect_ok=False)
     check("--batch 5 is not a multiple of the world size 2" in out, "no error naming --batch", out)
@@ -235,6 +256,7 @@ CASES = {
     "ResumeAtAnotherWorldSize": case_resume_other,
     "KilledSaveIsNeverResumed": case_killed_save,
     "LearnsBelowUnigramEntropy": case_learns,
+    "ParallelismFlagsKeepTheRun": case_parallelism_flags,
     "FlagErrors": case_flag_errors,
 }
 
