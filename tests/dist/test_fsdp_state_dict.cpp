@@ -410,8 +410,8 @@ std::map<std::string, at::Tensor> named_full_values(Net& net) {
 }
 
 // Seed 000 test_save_and_load_after_forward_state_dict: 6 training steps change every
-// parameter; a forward leaves the root's parameters unsharded (FSDP2's root does not reshard
-// after forward) while the inner units reshard; the state dict taken then holds exactly the
+// parameter; a further forward (grad mode on, no backward) leaves the root's parameters
+// unsharded (FSDP2's root does not reshard after forward) while the inner units reshard; the state dict taken then holds exactly the
 // trained values (checked entry by entry against the parameters; LOCAL's flat parameter against
 // its unit's parameters concatenated), all float32; zeroing the model and loading the dict
 // brings the trained values back. FULL also with rank0_only + offload (rank 0 broadcasts).
@@ -429,11 +429,10 @@ TEST_P(FSDPStateDict, SaveAndLoadAfterForwardStateDict) {
         for (const auto& key : kNetParamKeys)
           EXPECT_FALSE(at::equal(trained.at(key), initial.at(key))) << what << ": training did not change " << key;
 
+        // A forward with grad mode on and no backward (one under NoGradGuard reshards every unit,
+        // the root too, since no backward follows it).
         torch::manual_seed(7);
-        {
-          torch::NoGradGuard no_grad;
-          net.forward(torch::randn({4, 7}));
-        }
+        net.forward(torch::randn({4, 7}));
         // The root (it shards 5.*) is unsharded now; the inner units (0.*, 3.*) resharded.
         auto units = fsdp_units(*net.module);
         ASSERT_EQ(units.size(), 3u);
