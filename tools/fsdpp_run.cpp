@@ -52,7 +52,9 @@ int parse_options(int argc, char** argv, Options& opt) {
       "and if one of them is stopped (SIGSTOP), or --exit-wait-seconds was given, the\n"
       "job is stopped with exit code 1 (otherwise fsdpp-run waits for ranks at work).\n"
       "After a failure fsdpp-run prints a summary: each rank's fate, and whom\n"
-      "timed-out ranks name as missing.");
+      "timed-out ranks name as missing. When its stdout is a terminal, the ranks get\n"
+      "FSDPP_STDOUT_IS_TERMINAL=1, and what a rank redraws with carriage returns (a\n"
+      "progress bar) is shown as one status line under the log.");
   // Everything from the program name on belongs to the program, not to us.
   app.prefix_command();
   app.add_option("--nproc-per-node,--nproc_per_node", opt.nproc_per_node,

@@ -1,6 +1,8 @@
 // The ranks of an fsdpp-run job: started with torchrun's environment, their output relayed
 // line by line with a "[rank<R>]: " prefix, reaped, and all stopped when one fails, when the
 // launcher is signalled, or when they outstay a clean exit (see --help in fsdpp_run.cpp).
+// On a terminal, what a rank redraws in place with carriage returns (a progress bar) is shown
+// as one status line under the log instead of piling up in it.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -42,6 +44,58 @@ void write_all(int fd, const std::string& data) {
 
 // ---------------------------------------------------------------- relaying
 
+// When our stdout is a terminal: the one status line drawn below the log (the last redraw of
+// some rank's carriage-return line, prefixed), erased while lines are written above it.
+class StatusLine {
+ public:
+  void enable() { enabled_ = true; }
+  void end() {  // the job is over: nothing more to redraw
+    erase();
+    text_.clear();
+  }
+  bool enabled() const { return enabled_; }
+  // Erases the line from the screen; `text_` stays, to be drawn again after the log lines.
+  void erase() {
+    if (drawn_) write_all(STDOUT_FILENO, "\r\033[K");
+    drawn_ = false;
+  }
+  void draw() {
+    if (!enabled_ || text_.empty() || drawn_) return;
+    write_all(STDOUT_FILENO, "\r\033[K" + text_);
+    drawn_ = true;
+  }
+  // `owner` now shows `text` ("" once its line is complete or erased by the rank).
+  void set(const void* owner, const std::string& text) {
+    if (text.empty() && owner != owner_) return;  // another rank's status stays
+    erase();
+    owner_ = owner;
+    text_ = text;
+    draw();
+  }
+
+ private:
+  bool enabled_ = false;
+  const void* owner_ = nullptr;
+  std::string text_;
+  bool drawn_ = false;
+};
+
+// One, as our stdout has one cursor; say() erases it too.
+StatusLine status_line;
+
+// What a terminal would show of `line` (no newline): the text after its last carriage return,
+// without the erase-line sequence ("\033[K", "\033[2K") a redraw begins with.
+std::string shown_text(const std::string& line) {
+  const size_t cr = line.rfind('\r');
+  std::string text = cr == std::string::npos ? line : line.substr(cr + 1);
+  while (text.size() >= 3 && text.compare(0, 2, "\033[") == 0) {
+    const size_t k = text.find_first_not_of("0123456789", 2);
+    if (k == std::string::npos || text[k] != 'K') break;
+    text.erase(0, k + 1);
+  }
+  return text;
+}
+
 // One pipe from a rank's stdout or stderr, relayed line by line so that
 // lines of different ranks never interleave.
 struct Stream {
@@ -50,25 +104,44 @@ struct Stream {
   std::string prefix;  // "[rank<R>]: "
   std::string pending; // bytes after the last newline
   std::string timeout_report;  // the last fsdpp collective-timeout line, for the summary
+  bool redraws = false;  // carriage returns redraw the status line (our stdout on a terminal)
 };
+
+void write_lines(Stream& s, const std::string& lines) {
+  if (lines.empty()) return;
+  status_line.erase();
+  write_all(s.out_fd, lines);
+  status_line.draw();
+}
 
 void emit_complete_lines(Stream& s) {
   std::string out;
   size_t start = 0;
   for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
-    const std::string line = s.pending.substr(start, nl + 1 - start);
+    std::string line = s.pending.substr(start, nl + 1 - start);
     if (line.find(fsdpp_run::kTimeoutMarker) != std::string::npos) s.timeout_report = line.substr(0, line.size() - 1);
+    if (s.redraws) line = shown_text(line.substr(0, line.size() - 1)) + "\n";
     out += s.prefix + line;
   }
   s.pending.erase(0, start);
-  write_all(s.out_fd, out);
+  if (s.redraws && start > 0) status_line.set(&s, "");  // a completed line ends the redraws
+  write_lines(s, out);
+  if (!s.redraws) return;
+  // Only the last redraw matters: keep pending from its carriage return on.
+  const size_t cr = s.pending.rfind('\r');
+  if (cr == std::string::npos) return;
+  s.pending.erase(0, cr);
+  const std::string text = shown_text(s.pending);
+  status_line.set(&s, text.empty() ? "" : s.prefix + text);
 }
 
 // A line without its newline still deserves its prefix, once no more of it
 // is coming.
 void flush_partial_line(Stream& s) {
   if (s.pending.empty()) return;
-  write_all(s.out_fd, s.prefix + s.pending + "\n");
+  std::string text = s.redraws ? shown_text(s.pending) : s.pending;
+  if (s.redraws) status_line.set(&s, "");
+  if (!text.empty()) write_lines(s, s.prefix + text + "\n");
   s.pending.clear();
 }
 
@@ -132,6 +205,11 @@ void set_rank_env(const Options& o, int local_rank) {
   set("MASTER_ADDR", o.master_addr);
   set("MASTER_PORT", std::to_string(o.master_port));
   setenv("OMP_NUM_THREADS", "1", 0);  // as torchrun: N ranks must not each use every core
+  // A rank's stdout is our pipe: this tells it whether a progress bar would reach a terminal.
+  if (status_line.enabled())
+    set("FSDPP_STDOUT_IS_TERMINAL", "1");
+  else
+    unsetenv("FSDPP_STDOUT_IS_TERMINAL");
   if (o.timeout_seconds > 0) {
     char text[32];
     std::snprintf(text, sizeof text, "%.9g", o.timeout_seconds);
@@ -182,8 +260,8 @@ bool spawn(Rank& r, const Options& o, int local_rank, const sigset_t& original_m
   r.pid = pid;
   r.running = true;
   std::string prefix = "[rank" + std::to_string(r.rank) + "]: ";
-  r.out = Stream{out[0], STDOUT_FILENO, prefix, "", ""};
-  r.err = Stream{err[0], STDERR_FILENO, prefix, "", ""};
+  r.out = Stream{out[0], STDOUT_FILENO, prefix, "", "", status_line.enabled()};
+  r.err = Stream{err[0], STDERR_FILENO, prefix, "", "", false};
   return true;
 }
 
@@ -300,6 +378,7 @@ int Supervisor::run() {
     drain(r.out), drain(r.err);
     close_stream(r.out), close_stream(r.err);
   }
+  status_line.end();
   if (exit_code_ != 0 && forwarded_signal_ == 0) print_summary();
   return exit_code_;
 }
@@ -516,13 +595,16 @@ int run_job(const Options& opt) {
     return 1;
   }
   prctl(PR_SET_CHILD_SUBREAPER, 1);  // orphaned grandchildren come to us to be reaped
+  if (isatty(STDOUT_FILENO)) status_line.enable();
   Supervisor supervisor(opt, signal_fd);
   supervisor.start(opt, original_mask);
   return supervisor.run();
 }
 
 void say(const std::string& message) {
+  status_line.erase();
   write_all(STDERR_FILENO, "fsdpp-run: " + message + "\n");
+  status_line.draw();
 }
 
 }  // namespace fsdpp_run

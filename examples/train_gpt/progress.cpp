@@ -4,6 +4,7 @@
 
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 
 namespace train_gpt {
 
@@ -16,8 +17,18 @@ std::string format(const char* fmt, ...) {
   return buffer;
 }
 
+namespace {
+
+// Under fsdpp-run our stdout is its pipe; it says whether its own stdout is a terminal.
+bool stdout_reaches_a_terminal() {
+  const char* launcher_says = std::getenv("FSDPP_STDOUT_IS_TERMINAL");
+  return ::isatty(STDOUT_FILENO) || (launcher_says && std::string(launcher_says) == "1");
+}
+
+}  // namespace
+
 Progress::Progress(bool active, bool bar_allowed, int64_t total_steps)
-    : active_(active), bar_(active && bar_allowed && ::isatty(STDOUT_FILENO)), total_(total_steps) {}
+    : active_(active), bar_(active && bar_allowed && stdout_reaches_a_terminal()), total_(total_steps) {}
 
 void Progress::line(const std::string& text) {
   if (!active_) return;

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pty.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,12 +42,20 @@ struct Outcome {
   bool timed_out = false;
 };
 
+// Where the launcher's stdout goes: a pipe, or a terminal (a pseudo-terminal we read).
+enum class Stdout { kPipe, kTerminal };
+
 // The launcher under test, started with its stdout and stderr captured.
 class Launched {
  public:
-  Launched(const std::vector<std::string>& args, const std::vector<std::string>& env) {
+  Launched(const std::vector<std::string>& args, const std::vector<std::string>& env,
+           Stdout stdout_to = Stdout::kPipe) {
     int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) std::abort();
+    if (pipe2(err, O_CLOEXEC) != 0) std::abort();
+    if (stdout_to == Stdout::kPipe ? pipe2(out, O_CLOEXEC) != 0
+                                   : openpty(&out[0], &out[1], nullptr, nullptr, nullptr) != 0)
+      std::abort();
+    fcntl(out[0], F_SETFD, FD_CLOEXEC), fcntl(out[1], F_SETFD, FD_CLOEXEC);
     start_ = Clock::now();
     pid_ = fork();
     if (pid_ == 0) {
@@ -111,7 +120,7 @@ class Launched {
     ssize_t n = read(fd, buf, sizeof buf);
     if (n > 0)
       text.append(buf, static_cast<size_t>(n));
-    else if (n == 0 || errno != EINTR)
+    else if (n == 0 || errno != EINTR)  // a terminal's reader gets EIO once its writers are gone
       close_fd(fd);
   }
 
@@ -322,6 +331,74 @@ TEST_F(Launcher, VeryLongLinesStayWhole) {
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_EQ(lines[0], "[rank0]: " + std::string(300000, '0'));
   EXPECT_EQ(lines[1], "[rank1]: " + std::string(300000, '1'));
+}
+
+// What a terminal shows after `bytes`: "\r" returns to the start of the line, "\033[K" erases
+// to its end, "\n" starts a new line (a pseudo-terminal writes "\r\n").
+std::vector<std::string> screen_of(const std::string& bytes) {
+  std::vector<std::string> lines{""};
+  size_t column = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    std::string& line = lines.back();
+    if (bytes[i] == '\r') {
+      column = 0;
+    } else if (bytes[i] == '\n') {
+      lines.emplace_back();
+      column = 0;
+    } else if (bytes.compare(i, 3, "\033[K") == 0) {
+      line.resize(column);
+      i += 2;
+    } else {
+      if (column < line.size())
+        line[column] = bytes[i];
+      else
+        line += bytes[i];
+      ++column;
+    }
+  }
+  return lines;
+}
+
+// A progress bar redrawn with carriage returns, a log line in between, the bar erased at the end.
+const char* kProgressBarRank =
+    "[ \"$FSDPP_STDOUT_IS_TERMINAL\" = 1 ] || { echo \"not told: '$FSDPP_STDOUT_IS_TERMINAL'\"; exit 3; }; "
+    "printf '\\r\\033[K[#..] 1/3'; sleep 0.3; printf '\\r\\033[K[##.] 2/3'; sleep 0.3; "
+    "printf '\\r\\033[Kstep 2 done\\n'; printf '\\r\\033[K[###] 3/3'; sleep 0.3; "
+    "echo warning >&2; sleep 0.3; printf '\\r\\033[K'; echo finished";
+
+TEST_F(Launcher, OnATerminalCarriageReturnRedrawsAreOneStatusLine) {
+  Outcome o = Launched({FSDPP_RUN_PATH, "--nproc-per-node", "1", "sh", "-c", kProgressBarRank}, {},
+                       Stdout::kTerminal)
+                  .finish();
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 0) << o.out << o.err;
+  // Each redraw replaced the status line; the log lines are whole, without bar remnants.
+  EXPECT_TRUE(contains(o.out, "\r\033[K[rank0]: [##.] 2/3")) << ::testing::PrintToString(o.out);
+  EXPECT_TRUE(contains(o.out, "\r\033[K[rank0]: [###] 3/3")) << ::testing::PrintToString(o.out);
+  EXPECT_FALSE(contains(o.out, "[rank0]: \r")) << ::testing::PrintToString(o.out);
+  EXPECT_EQ(screen_of(o.out), (std::vector<std::string>{"[rank0]: step 2 done", "[rank0]: finished", ""}))
+      << ::testing::PrintToString(o.out);
+  EXPECT_EQ(o.err, "[rank0]: warning\n");
+}
+
+TEST_F(Launcher, OnATerminalARankDyingMidRedrawLeavesItsLastStatusAsALine) {
+  Outcome o = Launched({FSDPP_RUN_PATH, "--nproc-per-node", "1", "sh", "-c",
+                        "printf 'log\\n\\r[#..] 1/3'; sleep 0.2; printf '\\r[##.] 2/3'; exit 4"},
+                       {}, Stdout::kTerminal)
+                  .finish();
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 4);
+  EXPECT_EQ(screen_of(o.out), (std::vector<std::string>{"[rank0]: log", "[rank0]: [##.] 2/3", ""}))
+      << ::testing::PrintToString(o.out);
+}
+
+TEST_F(Launcher, OnAPipeRanksAreNotToldOfATerminalAndBytesPassAsWritten) {
+  // Also when fsdpp-run itself was told so by an outer launcher.
+  Outcome o = run({"--nproc-per-node", "1"}, "echo \"${FSDPP_STDOUT_IS_TERMINAL:-unset}\"; printf 'a\\rb\\n'",
+                  {"FSDPP_STDOUT_IS_TERMINAL=1"});
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(o.out, "[rank0]: unset\n[rank0]: a\rb\n");
 }
 
 // ---------------------------------------------------------------- failures

@@ -16,6 +16,8 @@ Cases (each a ctest test TrainGpt.<Case>):
   LearnsBelowUnigramEntropy       a short run's validation loss ends below the text's unigram
                                   entropy, and the exported file generates a sample
   FlagErrors                      misuse gets errors naming the flag
+  ProgressBarOnATerminal          under fsdpp-run on a (pseudo-)terminal, rank 0 redraws a bar
+                                  after every step as one status line, gone from the final screen
 Only the standard library: on Debian 12 there is no Python safetensors; the file is read with
 the reader below (the format is 8 bytes of header length, a JSON header, raw little-endian data).
 """
@@ -23,6 +25,7 @@ import argparse
 import array
 import json
 import os
+import pty
 import random
 import re
 import subprocess
@@ -251,6 +254,69 @@ def case_flag_errors(t):
     print("ok")
 
 
+def run_on_terminal(cmd, env):
+    """Runs cmd with its stdout on a pseudo-terminal; returns (exit code, bytes shown, stderr)."""
+    master, slave = pty.openpty()
+    with tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(cmd, stdout=slave, stderr=err, env=env)
+        os.close(slave)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every writer of the terminal is gone
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(master)
+        code = p.wait(timeout=DEADLINE)
+        err.seek(0)
+        return code, shown.decode(), err.read().decode()
+
+
+def screen(shown):
+    """The lines a terminal shows after `shown` (carriage return, erase to end of line, newline)."""
+    lines, column = [""], 0
+    i = 0
+    while i < len(shown):
+        if shown.startswith("\033[K", i):
+            lines[-1] = lines[-1][:column]
+            i += 3
+            continue
+        ch = shown[i]
+        if ch == "\r":
+            column = 0
+        elif ch == "\n":
+            lines.append("")
+            column = 0
+        else:
+            line = lines[-1]
+            lines[-1] = line[:column] + ch + line[column + 1:]
+            column += 1
+        i += 1
+    return lines
+
+
+def case_progress_bar(t):
+    cmd = [t.args.launcher, "--nproc-per-node", "2", "--master-port", str(t.args.port), "--timeout", "120",
+           t.args.trainer, "--data", t.corpus, "--ckpt-dir", t.dir("bar")] + [str(f) for f in MODEL] + ["--log-every", "4"]
+    code, shown, err = run_on_terminal(cmd, dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    check(code == 0, f"exited {code}: {err}", shown)
+    bars = re.findall(r"\r\033\[K\[rank0\]: \[[#.]+\] step +(\d+)/12", shown)
+    # A step followed at once by its log line may never be drawn (both reach fsdpp-run in one read):
+    # of 12 steps, 8 have no line after them (log every 4, validation at 6).
+    steps = [int(b) for b in bars]
+    check(len(steps) >= 6 and steps == sorted(steps), f"the bar was drawn at steps {steps}", repr(shown))
+    lines = screen(shown)
+    check(not any(re.search(r"\[[#.]{10,}\] step", line) for line in lines), "a bar is left on the screen",
+          "\n".join(lines))
+    check(any(re.search(r"step +12/12 \| loss", line) for line in lines),
+          "no progress line for step 12 on the screen", "\n".join(lines))
+    print(f"ok: the bar was redrawn {len(bars)} times (steps {bars[0]}..{bars[-1]}); the final screen:")
+    print("\n".join(lines))
+
+
 CASES = {
     "ResumeAtSameWorldSizeIsBitwise": case_resume_same,
     "ResumeAtAnotherWorldSize": case_resume_other,
@@ -258,6 +324,7 @@ CASES = {
     "LearnsBelowUnigramEntropy": case_learns,
     "ParallelismFlagsKeepTheRun": case_parallelism_flags,
     "FlagErrors": case_flag_errors,
+    "ProgressBarOnATerminal": case_progress_bar,
 }
 
 
