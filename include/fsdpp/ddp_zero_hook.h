@@ -12,7 +12,9 @@
 //   }
 //
 // Both functions re-partition `zero` by DDP bucket (bucket b belongs to group rank
-// b % world_size, ZeroRedundancyOptimizerBase::partition_by_buckets) and make a second
+// b % world_size; with `shard_buckets`, as PyTorch's shard_buckets=True, a bucket may be split
+// among ranks to even out their shares: ZeroRedundancyOptimizerBase::partition_by_buckets says
+// how) and make a second
 // process group with DDP's ranks (ProcessGroup::new_group, so every rank must call them, in
 // the same order relative to other new_group calls) for the parameter broadcasts. During
 // backward, once bucket b's gradients are averaged, its owner runs the wrapped optimizer on
@@ -38,7 +40,8 @@ namespace fsdpp {
 // at the end of backward). The comm hook stays free: register_comm_hook may still be used.
 // Works with find_unused_parameters (a parameter no rank used keeps its `.grad`, and is
 // skipped if that is undefined).
-void hook_with_zero_step(DistributedDataParallel<>& ddp, ZeroRedundancyOptimizerBase& zero);
+void hook_with_zero_step(DistributedDataParallel<>& ddp, ZeroRedundancyOptimizerBase& zero,
+                         bool shard_buckets = false);
 
 // Installs a comm hook (so none may be registered before or after) that reduces bucket b
 // (all_reduce, AVG, on DDP's group), waits for it, and immediately steps the bucket and
@@ -46,6 +49,7 @@ void hook_with_zero_step(DistributedDataParallel<>& ddp, ZeroRedundancyOptimizer
 // bucket, and bucket b's step has happened as soon as its gradients are all ready. This
 // serializes each reduction with the rest of backward (no communication overlap beyond the
 // step itself). Not supported with find_unused_parameters.
-void hook_with_zero_step_interleaved(DistributedDataParallel<>& ddp, ZeroRedundancyOptimizerBase& zero);
+void hook_with_zero_step_interleaved(DistributedDataParallel<>& ddp, ZeroRedundancyOptimizerBase& zero,
+                                     bool shard_buckets = false);
 
 }  // namespace fsdpp

@@ -105,21 +105,25 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
 
   // ---- Overlap with DDP (fsdpp/ddp_zero_hook.h; PyTorch's overlap_with_ddp=True) ----
   // Re-partitions by DDP bucket instead of sorted-greedy: `buckets` lists this optimizer's
-  // parameters bucket by bucket (every parameter exactly once), and bucket b belongs to group
-  // rank b % world_size(). Only before the first step, without parameters_as_bucket_view.
-  // Afterwards step() is a no-op (the DDP hook steps each bucket during backward), and
-  // add_param_group is refused. Local; every rank must pass the same buckets.
-  void partition_by_buckets(const std::vector<std::vector<torch::Tensor>>& buckets);
+  // parameters bucket by bucket (every parameter exactly once). Without `shard_buckets`,
+  // bucket b belongs wholly to group rank b % world_size(). With it (PyTorch's
+  // shard_buckets=True), a bucket may be split into runs of consecutive parameters owned by
+  // different ranks, to even out the ranks' shares: buckets are taken smallest first, a run
+  // closes before the parameter that would bring it to total / world_size() elements, and
+  // each run goes to the rank with the fewest elements so far that holds no other run of the
+  // bucket (or, when every rank holds one, where PyTorch gives up, to the rank with the fewest).
+  // Only before the first step, without parameters_as_bucket_view. Afterwards step() is a
+  // no-op (the DDP hook steps each bucket during backward), and add_param_group is refused.
+  // Local; every rank must pass the same buckets.
+  void partition_by_buckets(const std::vector<std::vector<torch::Tensor>>& buckets, bool shard_buckets = false);
   bool overlap_with_ddp() const { return !bucket_params_.empty(); }
   size_t num_overlap_buckets() const { return bucket_params_.size(); }
-  // The group rank that owns bucket b (b % world_size()).
-  int bucket_owner(size_t b) const { return static_cast<int>(b % static_cast<size_t>(world_size_)); }
-  // Steps bucket b: on its owner, the wrapped optimizer updates the bucket's parameters only,
-  // with `gradients` (one per parameter of the bucket, in partition_by_buckets order; an
+  // Steps bucket b: each owner of part of the bucket runs the wrapped optimizer on its part
+  // only, with `gradients` (one per parameter of the bucket, in partition_by_buckets order; an
   // undefined one skips its parameter) or, when `gradients` is empty, with their `.grad`
-  // (other parameters' `.grad` is untouched). Then the owner broadcasts the bucket's
-  // parameters on `group` (collective: every rank of `group`, which must have the ranks of
-  // process_group(), calls it for the same bucket in the same order).
+  // (other parameters' `.grad` is untouched). Then each owner broadcasts its part on `group`
+  // (collective: every rank of `group`, which must have the ranks of process_group(), calls
+  // it for the same bucket in the same order).
   void step_bucket(size_t b, const std::vector<torch::Tensor>& gradients, const ProcessGroup& group);
 
   // Joinable: a joined rank's hook runs step() (with the gradients it has), keeping the
@@ -190,6 +194,13 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   std::string consolidated_stale_;  // why consolidated_ went stale, if it did
   int64_t steps_ = 0;
   std::vector<std::vector<int64_t>> bucket_params_;  // overlap_with_ddp: parameter indices per bucket
+  // overlap_with_ddp: per bucket, the owner of each of its runs of parameters, and where they
+  // start in bucket_params_[b] (a run ends where the next begins).
+  struct BucketRun {
+    int owner;
+    size_t begin;
+  };
+  std::vector<std::vector<BucketRun>> bucket_runs_;
 };
 
 // Wraps any torch::optim optimizer `O` constructible as O(std::vector<OptimizerParamGroup>,

@@ -1,5 +1,5 @@
 // DDP + ZeRO overlap (seed 004's test_ddp_zero_overlap): hook_with_zero_step and
-// hook_with_zero_step_interleaved at world sizes 1-4.
+// hook_with_zero_step_interleaved, with whole and sharded buckets, at world sizes 1-4.
 //
 // Each test trains the same model twice for 5 steps with SGD (momentum) and Adam: DDP + a
 // ZeroRedundancyOptimizer stepped by the hook during backward, and DDP + a plain local
@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -80,23 +81,47 @@ void expect_close(const at::Tensor& actual, const at::Tensor& expected, const st
 
 enum class Variant { kAfterReduction, kInterleaved };
 
+// Which rank owns each parameter with shard_buckets and buckets {l3.bias 3, l3.weight 24,
+// l2.bias 8, l2.weight 64} {l1.bias 8, l1.weight 48}, worked out by hand from PyTorch's
+// assignment (_bucket_assignments_per_rank): the smaller bucket first; a run closes before the
+// parameter that brings it to 155 / N elements; each run to the least-loaded rank that has no
+// run of that bucket. At N = 2, bucket 1 (56) goes whole to rank 0; bucket 0 reaches 77.5 at
+// l2.weight, so {l3.*, l2.bias} (35) go to rank 1 and l2.weight to rank 0.
+std::map<std::string, int> sharded_bucket_owners(int world_size) {
+  const std::vector<std::string> names{"l3.bias", "l3.weight", "l2.bias", "l2.weight", "l1.bias", "l1.weight"};
+  const std::map<int, std::vector<int>> owners{
+      {1, {0, 0, 0, 0, 0, 0}}, {2, {1, 1, 1, 0, 0, 0}}, {3, {2, 2, 2, 0, 0, 1}}, {4, {2, 2, 2, 3, 0, 1}}};
+  std::map<std::string, int> result;
+  for (size_t i = 0; i < names.size(); ++i) result[names[i]] = owners.at(world_size)[i];
+  return result;
+}
+
 // The seed's sweep: gradient_as_bucket_view F/T (on both DDPs: with it on, the gradients the
-// hook's ZeRO step reads are views into the reduced buckets) x the optimizer. Its static_graph
-// and shard_buckets parameters are pending (docs/seed-coverage.md): neither option exists yet.
+// hook's ZeRO step reads are views into the reduced buckets) x shard_buckets F/T x the
+// optimizer. Whole buckets use five small buckets (one per parameter but l3's), where nothing
+// would be split; shard_buckets uses two buckets that PyTorch's assignment splits at world
+// sizes 2-4. The seed's static_graph parameter is pending (docs/seed-coverage.md).
 void run_overlap_parity(RankContext& ctx, Variant variant) {
   for (bool gradient_as_bucket_view : {false, true})
+  for (bool shard_buckets : {false, true})
   for (std::string optimizer : {"sgd", "adam"}) {
-    SCOPED_TRACE(optimizer + (gradient_as_bucket_view ? ", gradient_as_bucket_view" : ""));
-    const auto options =
-        DistributedDataParallelOptions().bucket_cap_mb(cap_of_floats(30)).gradient_as_bucket_view(gradient_as_bucket_view);
+    SCOPED_TRACE(optimizer + (gradient_as_bucket_view ? ", gradient_as_bucket_view" : "") +
+                 (shard_buckets ? ", shard_buckets" : ""));
+    const auto options = DistributedDataParallelOptions()
+                             .bucket_cap_mb(cap_of_floats(shard_buckets ? 100 : 30))
+                             .gradient_as_bucket_view(gradient_as_bucket_view);
     torch::manual_seed(300 + ctx.rank);  // rank 0's values arrive by DDP's construction broadcast
     ThreeLayers model;
     torch::manual_seed(300);
     ThreeLayers reference;
     DistributedDataParallel ddp(model, options);
     DistributedDataParallel ref_ddp(reference, options);
-    ASSERT_EQ(ddp.bucket_parameter_names(), (std::vector<std::vector<std::string>>{
-                                                {"l3.bias", "l3.weight"}, {"l2.bias"}, {"l2.weight"}, {"l1.bias"}, {"l1.weight"}}));
+    if (shard_buckets)
+      ASSERT_EQ(ddp.bucket_parameter_names(), (std::vector<std::vector<std::string>>{
+                                                  {"l3.bias", "l3.weight", "l2.bias", "l2.weight"}, {"l1.bias", "l1.weight"}}));
+    else
+      ASSERT_EQ(ddp.bucket_parameter_names(), (std::vector<std::vector<std::string>>{
+                                                  {"l3.bias", "l3.weight"}, {"l2.bias"}, {"l2.weight"}, {"l1.bias"}, {"l1.weight"}}));
 
     std::unique_ptr<fsdpp::ZeroRedundancyOptimizerBase> zero;
     std::unique_ptr<torch::optim::Optimizer> plain;
@@ -113,7 +138,7 @@ void run_overlap_parity(RankContext& ctx, Variant variant) {
     Work bucket0;
     bool bucket0_launched = false;
     if (variant == Variant::kAfterReduction) {
-      fsdpp::hook_with_zero_step(ddp, *zero);
+      fsdpp::hook_with_zero_step(ddp, *zero, shard_buckets);
       // The comm hook stays free: the default reduction, remembering bucket 0's Work.
       ddp.register_comm_hook([&](GradBucket& bucket) {
         Work work = fsdpp::all_reduce(bucket.buffer(), fsdpp::ReduceOp::AVG, bucket.process_group(), true);
@@ -124,18 +149,25 @@ void run_overlap_parity(RankContext& ctx, Variant variant) {
         return work;
       });
     } else {
-      fsdpp::hook_with_zero_step_interleaved(ddp, *zero);
+      fsdpp::hook_with_zero_step_interleaved(ddp, *zero, shard_buckets);
     }
     ASSERT_TRUE(zero->overlap_with_ddp());
 
-    // Bucket b belongs to rank b % world_size: the wrapped optimizer holds exactly those.
-    size_t owned = 0;
+    // Whole buckets: bucket b belongs to rank b % world_size. Sharded: the table above.
+    std::map<std::string, int> expected_owner;
     const auto names = ddp.bucket_parameter_names();
     for (size_t b = 0; b < names.size(); ++b)
-      if (static_cast<int>(b % ctx.world_size) == ctx.rank) owned += names[b].size();
-    size_t local_params = 0;
+      for (const auto& name : names[b]) expected_owner[name] = static_cast<int>(b % ctx.world_size);
+    if (shard_buckets) expected_owner = sharded_bucket_owners(ctx.world_size);
+    std::map<std::string, int> owner;  // from the partition, by the parameters' names
+    const auto keys = model->named_parameters().keys();  // the optimizer's parameter order
+    for (int r = 0; r < ctx.world_size; ++r)
+      for (int64_t i : zero->partition()[r]) owner[keys[i]] = r;
+    EXPECT_EQ(owner, expected_owner);
+    size_t owned = 0, local_params = 0;
+    for (const auto& [name, r] : expected_owner) owned += r == ctx.rank;
     for (const auto& g : zero->optim().param_groups()) local_params += g.params().size();
-    EXPECT_EQ(local_params, owned);
+    EXPECT_EQ(local_params, owned) << "the wrapped optimizer holds exactly this rank's parameters";
 
     const at::Tensor l3_weight = model->l3->weight;
     for (int step = 0; step < kSteps; ++step) {
@@ -147,7 +179,8 @@ void run_overlap_parity(RankContext& ctx, Variant variant) {
       at::Tensor at_probe;
       ProbeAtInput::reached = [&] { at_probe = l3_weight.detach().clone(); };
       bucket0_launched = false;
-      if (variant == Variant::kAfterReduction)
+      // With shard_buckets bucket 0 also holds l2, whose gradients come after the wait.
+      if (variant == Variant::kAfterReduction && !shard_buckets)
         WaitInBackward::done = [&] { return bucket0_launched && bucket0.is_completed(); };
       at::Tensor loss = torch::mse_loss(ddp.forward(local.x), local.y);
       loss.backward();
@@ -156,8 +189,10 @@ void run_overlap_parity(RankContext& ctx, Variant variant) {
       EXPECT_FALSE(zero->step().defined());  // a no-op: the hook already stepped
 
       ASSERT_TRUE(at_probe.defined()) << "the probe at the model input did not run in backward";
-      EXPECT_FALSE(at::equal(at_probe, before)) << "bucket 0 (l3) was not yet stepped when backward reached the input";
-      EXPECT_TRUE(at::equal(at_probe, l3_weight.detach())) << "l3.weight changed after backward reached the input";
+      if (!shard_buckets || variant == Variant::kInterleaved) {
+        EXPECT_FALSE(at::equal(at_probe, before)) << "bucket 0 (l3) was not yet stepped when backward reached the input";
+        EXPECT_TRUE(at::equal(at_probe, l3_weight.detach())) << "l3.weight changed after backward reached the input";
+      }
 
       plain->zero_grad();
       at::Tensor ref_loss = torch::mse_loss(ref_ddp.forward(local.x), local.y);
