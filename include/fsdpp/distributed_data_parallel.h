@@ -51,12 +51,21 @@ struct DistributedDataParallelOptions {
   DistributedDataParallelOptions& find_unused_parameters(bool v) { find_unused_parameters_ = v; return *this; }
   // Make each `.grad` a view into its bucket: no copy in or out, and no second copy of the gradients.
   DistributedDataParallelOptions& gradient_as_bucket_view(bool v) { gradient_as_bucket_view_ = v; return *this; }
+  // PyTorch's static_graph: the set of parameters that get gradients, and how many times each
+  // parameter's gradient hook fires in a backward, stay the same for the whole training. The
+  // first synchronized backward records them (its reductions all wait for the end of
+  // backward); afterwards a parameter is reduced once its hook fired that many times (more
+  // than once for a layer checkpointed twice), unused parameters need no search and no
+  // per-step all_reduce, and a backward that differs from the first is an error naming the
+  // parameter.
+  DistributedDataParallelOptions& static_graph(bool v) { static_graph_ = v; return *this; }
 
   ProcessGroup process_group_;
   double bucket_cap_mb_ = 25.0;
   bool broadcast_buffers_ = true;
   bool find_unused_parameters_ = false;
   bool gradient_as_bucket_view_ = false;
+  bool static_graph_ = false;
 };
 
 // One bucket of gradients, as a communication hook sees it (PyTorch's dist.GradBucket).
@@ -147,9 +156,12 @@ class DistributedDataParallel<torch::nn::Module> {
   // Broadcasts rank 0's buffers (forward does this when broadcast_buffers is on; call it
   // yourself if you call the module's forward directly).
   void sync_buffers();
-  // With find_unused_parameters: parameters that cannot reach `outputs` in the autograd graph
-  // are marked ready as soon as backward starts, so their buckets need not wait for the end
-  // of backward. forward() calls it; without it the unused ones are found at the end.
+  // forward() calls it with the module's outputs. Backward through them then starts DDP's
+  // bookkeeping on the outermost backward, also when the first gradients come from a backward
+  // nested inside it (activation checkpointing's recomputation). With find_unused_parameters,
+  // parameters that cannot reach `outputs` in the autograd graph are marked ready as soon as
+  // backward starts, so their buckets need not wait for the end of backward (without this
+  // call the unused ones are found at the end).
   void prepare_for_backward(const std::vector<at::Tensor>& outputs);
 
   // The buckets' parameter names, in reduction order (for inspection and tests).
@@ -159,7 +171,6 @@ class DistributedDataParallel<torch::nn::Module> {
  protected:
   // What forward() does before calling the module: broadcast the buffers if enabled.
   void pre_forward();
-  bool find_unused_parameters() const;
 
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<detail::Reducer> reducer_;
@@ -207,11 +218,9 @@ class DistributedDataParallel : public DistributedDataParallel<torch::nn::Module
   auto forward(Args&&... args) {
     pre_forward();
     auto output = typed_->forward(std::forward<Args>(args)...);
-    if (find_unused_parameters()) {
-      std::vector<at::Tensor> tensors;
-      detail::collect_tensors(output, tensors);
-      prepare_for_backward(tensors);
-    }
+    std::vector<at::Tensor> tensors;
+    detail::collect_tensors(output, tensors);
+    prepare_for_backward(tensors);
     return output;
   }
   template <typename... Args>

@@ -43,7 +43,7 @@ std::string describe(const NamedTensors& params, const NamedTensors& buffers, co
   for (const auto& b : buffers) out << "buffer '" << b.name << "'\t" << type_and_shape(b.tensor) << "\n";
   out << "options\tbucket_cap_mb " << o.bucket_cap_mb_ << ", broadcast_buffers " << o.broadcast_buffers_
       << ", find_unused_parameters " << o.find_unused_parameters_ << ", gradient_as_bucket_view "
-      << o.gradient_as_bucket_view_ << "\n";
+      << o.gradient_as_bucket_view_ << ", static_graph " << o.static_graph_ << "\n";
   return out.str();
 }
 
@@ -231,7 +231,5 @@ size_t DDP::num_buckets() const { return reducer_->num_buckets(); }
 void DDP::pre_forward() {
   if (options().broadcast_buffers_) sync_buffers();
 }
-
-bool DDP::find_unused_parameters() const { return options().find_unused_parameters_; }
 
 }  // namespace fsdpp

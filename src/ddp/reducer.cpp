@@ -68,6 +68,7 @@ Reducer::Reducer(std::vector<NamedTensor> parameters, ProcessGroup group, Distri
   used_since_sync_.assign(n, 0);
   globally_used_.assign(n, 1);
   reachable_.assign(n, 0);
+  hook_calls_.assign(n, 0);
   build_buckets();
 }
 
@@ -185,10 +186,18 @@ void Reducer::register_bucket_reduced_callback(BucketReducedCallback callback) {
 
 void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  if (!options_.find_unused_parameters_) return;
   // Nothing to backpropagate (evaluation, or under NoGradGuard): keep what earlier forwards found.
   if (std::none_of(outputs.begin(), outputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); }))
     return;
+  // An output's gradient is computed in the backward the user started, before any parameter's:
+  // beginning there queues finalize_backward on that backward, not on one nested in it.
+  std::weak_ptr<Reducer> self = shared_from_this();
+  for (const at::Tensor& out : outputs)
+    if (out.defined() && out.requires_grad())
+      out.register_hook([self](const at::Tensor&) {
+        if (auto reducer = self.lock()) reducer->on_output_gradient();
+      });
+  if (!options_.find_unused_parameters_ || options_.static_graph_) return;  // static_graph knows the unused ones
   std::unordered_set<const torch::autograd::Node*> seen;
   std::vector<torch::autograd::Node*> stack;
   for (const at::Tensor& out : outputs) {
@@ -217,19 +226,49 @@ std::string Reducer::where() const {
   return "rank " + std::to_string(group_.ranks()[group_.rank()]) + " of group " + group_.name();
 }
 
+void Reducer::on_output_gradient() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (!sync_enabled_ || in_backward_) return;
+  try {
+    begin_backward();
+  } catch (...) {
+    abort_backward();
+    throw;
+  }
+}
+
+bool Reducer::static_graph_ready(size_t index) {
+  if (recorded_hook_calls_.empty()) return false;  // the first backward: everything waits for its end
+  const int expected = recorded_hook_calls_[index];
+  if (hook_calls_[index] > expected)
+    throw Error("DistributedDataParallel (static_graph): parameter '" + params_[index].name + "' got a gradient " +
+                std::to_string(hook_calls_[index]) + " times in this backward on " + where() + " but " +
+                std::to_string(expected) + " times in the first one; static_graph needs the same graph in every iteration");
+  return hook_calls_[index] == expected;
+}
+
 void Reducer::on_gradient(size_t index) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   used_since_sync_[index] = 1;
   if (!sync_enabled_) return;  // no_sync: the gradient just accumulates in .grad
   try {
     if (!in_backward_) begin_backward();
+    ++hook_calls_[index];
+    if (options_.static_graph_) {
+      got_gradient_[index] = 1;
+      if (static_graph_ready(index)) {
+        mark_ready(index);
+        finish_buckets(/*wait=*/false);
+      }
+      return;
+    }
     if (ready_[index]) {
       const std::string& name = params_[index].name;
       if (got_gradient_[index])
         throw Error("DistributedDataParallel: parameter '" + name +
                     "' got a gradient twice in one backward (on " + where() +
-                    "); each parameter may take part in the graph of a backward once (reentrant backward "
-                    "or a parameter shared between graphs is not supported)");
+                    "), as a layer checkpointed or recomputed twice gives; construct DDP with "
+                    "DistributedDataParallelOptions().static_graph(true) if every iteration's graph is the same");
       throw Error("DistributedDataParallel: parameter '" + name + "' got a gradient in backward (on " + where() +
                   ") although it cannot reach the outputs of the forward calls made through DistributedDataParallel "
                   "since the last backward, so it was reduced as unused; backpropagate from those outputs, or call "
@@ -257,12 +296,18 @@ void Reducer::begin_backward() {
     for (size_t k = 0; k < params_.size(); ++k)
       if (!reachable_[k]) mark_ready(k);
   }
+  for (size_t k = 0; k < recorded_hook_calls_.size(); ++k)  // static_graph: its unused parameters
+    if (recorded_hook_calls_[k] == 0) mark_ready(k);
 }
 
 void Reducer::reset_backward_state() {
   std::fill(ready_.begin(), ready_.end(), 0);
   std::fill(got_gradient_.begin(), got_gradient_.end(), 0);
-  std::fill(globally_used_.begin(), globally_used_.end(), 1);
+  std::fill(hook_calls_.begin(), hook_calls_.end(), 0);
+  if (recorded_globally_used_.empty())
+    std::fill(globally_used_.begin(), globally_used_.end(), 1);
+  else
+    globally_used_ = recorded_globally_used_;
   for (auto& b : buckets_) {
     b.pending = b.params.size();
     b.launched = false;
@@ -316,9 +361,10 @@ void Reducer::finish_buckets(bool wait) {
     Bucket& bucket = buckets_[next_to_finish_];
     if (!wait) {
       if (!bucket.work.is_completed()) return;
-      // Whether a parameter no rank used keeps its .grad is known only at the end.
+      // Whether a parameter no rank used keeps its .grad is known only at the end (static_graph:
+      // since the first backward).
       for (size_t k : bucket.params)
-        if (!got_gradient_[k]) return;
+        if (!got_gradient_[k] && recorded_globally_used_.empty()) return;
     }
     bucket.work.wait();  // rethrows a failed reduction
     finish_bucket(bucket);
@@ -358,7 +404,18 @@ void Reducer::finalize_backward() {
         missing.push_back(params_[k].name);
         missing_index.push_back(k);
       }
-    if (!missing.empty() && !options_.find_unused_parameters_) {
+    const bool recording = options_.static_graph_ && recorded_hook_calls_.empty();
+    if (options_.static_graph_ && !recording && !missing.empty()) {
+      std::string counts;
+      for (size_t k : missing_index)
+        counts += (counts.empty() ? "'" : ", '") + params_[k].name + "' " + std::to_string(hook_calls_[k]) + " of " +
+                  std::to_string(recorded_hook_calls_[k]);
+      throw Error("DistributedDataParallel (static_graph): backward finished on " + where() + " but " +
+                  std::to_string(missing.size()) + " parameter(s) got fewer gradients than in the first backward (" +
+                  counts + "); static_graph needs the same graph in every iteration. Gradients were not averaged "
+                  "in this backward.");
+    }
+    if (!missing.empty() && !options_.find_unused_parameters_ && !options_.static_graph_) {
       std::ostringstream indices;
       for (size_t i = 0; i < missing_index.size(); ++i) indices << (i ? ", " : "") << missing_index[i];
       throw Error("DistributedDataParallel: backward finished on " + where() + " but " +
@@ -369,7 +426,7 @@ void Reducer::finalize_backward() {
                   "of the model contributes to the loss. Gradients were not averaged in this backward.");
     }
     for (size_t k : missing_index) mark_ready(k);
-    if (options_.find_unused_parameters_) {
+    if ((options_.find_unused_parameters_ && !options_.static_graph_) || recording) {
       // A parameter no rank used since the last synchronization keeps its .grad untouched.
       std::vector<int> local(used_since_sync_.begin(), used_since_sync_.end());
       at::Tensor used = at::tensor(local, at::kInt).to(params_.front().tensor.device());
@@ -378,6 +435,7 @@ void Reducer::finalize_backward() {
       const int* global = used.data_ptr<int>();
       for (size_t k = 0; k < params_.size(); ++k) globally_used_[k] = global[k] != 0;
     }
+    if (recording) record_static_graph();
     finish_buckets(/*wait=*/true);
     in_backward_ = false;
     std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
@@ -387,6 +445,11 @@ void Reducer::finalize_backward() {
     abort_backward();
     throw;
   }
+}
+
+void Reducer::record_static_graph() {
+  recorded_hook_calls_ = hook_calls_;
+  recorded_globally_used_ = globally_used_;
 }
 
 void Reducer::abort_backward() noexcept {

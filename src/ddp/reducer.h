@@ -3,8 +3,10 @@
 // them, the asynchronous reductions and the end-of-backward finalization. Private to fsdpp.
 //
 // One backward with synchronization on, in order:
-//  1. The first gradient hook of the backward resets the per-backward state and queues
-//     finalize_backward() with the autograd engine (it runs when backward ends).
+//  1. A hook on the forward's outputs (prepare_for_backward), or else the first gradient hook
+//     of the backward, resets the per-backward state and queues finalize_backward() with the
+//     autograd engine (it runs when that backward ends: the outputs' hook runs in the
+//     outermost backward, a gradient hook may run in one nested in it by a recomputation).
 //  2. Each parameter's hook (after AccumulateGrad wrote `.grad`) copies the gradient into its
 //     bucket slot; when a bucket's last gradient is in, it and every ready bucket after it
 //     are launched, strictly in bucket order so that all ranks issue the same collectives.
@@ -13,6 +15,8 @@
 //  4. finalize_backward: parameters that got no gradient are an error, or with
 //     find_unused_parameters are marked ready (zeros, or their accumulated `.grad`); the
 //     used-parameter map is all-reduced; every bucket is waited for and finished.
+// With static_graph, the first synchronized backward only counts each parameter's hook calls
+// and does steps 2-4 at its end; later ones mark a parameter ready at its counted call.
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -76,7 +80,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void install_hooks();
 
   void on_gradient(size_t index);  // a parameter's AccumulateGrad post hook
+  void on_output_gradient();       // a hook on a forward output: backward through it started
   void begin_backward();
+  // static_graph: whether `index` is now ready (its hook count reached the recorded one).
+  bool static_graph_ready(size_t index);
+  void record_static_graph();
   void finalize_backward();
   void mark_ready(size_t index);
   void launch_ready_buckets();
@@ -106,6 +114,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<char> globally_used_;     // after the used-map all_reduce (all 1 without find_unused)
   std::vector<char> reachable_;         // from prepare_for_backward since the last synchronized backward
   bool have_reachability_ = false;
+  std::vector<int> hook_calls_;         // this backward
+  // static_graph: each parameter's hook calls in the first synchronized backward, and which
+  // parameters some rank used then; empty until that backward ends.
+  std::vector<int> recorded_hook_calls_;
+  std::vector<char> recorded_globally_used_;
   size_t next_to_launch_ = 0;
   size_t next_to_finish_ = 0;
 };

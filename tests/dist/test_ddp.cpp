@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -21,6 +22,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <fsdpp/activation_checkpointing.h>
 #include <fsdpp/collectives.h>
 #include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/distributed_data_parallel.h>
@@ -145,6 +147,32 @@ struct ScaledImpl : torch::nn::Module {
 };
 TORCH_MODULE(Scaled);
 
+// fc1 -> shared -> shared -> fc2: `shared` runs twice per forward, checkpointed or not. When
+// checkpointed, each run recomputes in its own nested backward, so `shared`'s gradient hooks
+// fire twice in one backward. Parameters in the same positions (and values, by seed) either way.
+struct TwiceThroughImpl : torch::nn::Module {
+  explicit TwiceThroughImpl(bool checkpointed) {
+    fc1 = register_module("fc1", torch::nn::Linear(kIn, kHidden));
+    torch::nn::Linear shared(kHidden, kHidden);
+    if (checkpointed) {
+      auto wrapped = register_module("shared", checkpoint_wrapper(shared));
+      run_shared = [wrapped](const at::Tensor& x) mutable { return wrapped->forward(x); };
+    } else {
+      register_module("shared", shared);
+      run_shared = [shared](const at::Tensor& x) mutable { return shared->forward(x); };
+    }
+    fc2 = register_module("fc2", torch::nn::Linear(kHidden, kOut));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = torch::tanh(fc1(x));
+    h = torch::tanh(run_shared(torch::tanh(run_shared(h))));
+    return fc2(h);
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  std::function<at::Tensor(const at::Tensor&)> run_shared;
+};
+TORCH_MODULE(TwiceThrough);
+
 class DDP : public testing::WorldSizeTest {};
 // Tests that can only fail with more than one rank.
 class DDPMultiRank : public testing::WorldSizeTest {};
@@ -175,6 +203,142 @@ TEST_P(DDP, ParityWithLocalTrainingSGDAndAdam) {
         expect_close(average_over_ranks(loss), ref_loss.detach(), "loss");
         expect_same_parameters(*model, *reference, "after the step");
       }
+    }
+  });
+}
+
+// Checkpointed layers recompute in a backward nested inside the outer one (the reentrant
+// scheme), so their parameters' gradient hooks fire there: checkpointing the last layer makes
+// the first hook of the backward a nested one, and checkpointing every layer makes all of them.
+TEST_P(DDP, ActivationCheckpointedLayersMatchLocalTraining) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    for (bool every_layer : {false, true}) {
+      SCOPED_TRACE(every_layer ? "every Linear checkpointed" : "the last Linear checkpointed");
+      auto reference = make_mlp(21);
+      auto plain = make_mlp(21 + ctx.rank);
+      torch::nn::Sequential model;
+      for (size_t i = 0; i < plain->size(); ++i) {
+        const torch::nn::AnyModule& layer = plain->begin()[static_cast<std::ptrdiff_t>(i)];
+        auto linear = std::dynamic_pointer_cast<torch::nn::LinearImpl>(layer.ptr());
+        if (linear && (every_layer || i + 1 == plain->size()))
+          model->push_back(checkpoint_wrapper(torch::nn::Linear(linear)));
+        else
+          model->push_back(layer);
+      }
+      DistributedDataParallel ddp(model, DistributedDataParallelOptions().bucket_cap_mb(cap_of_floats(40)));
+      auto opt = make_optimizer("sgd", model->parameters());
+      auto ref_opt = make_optimizer("sgd", reference->parameters());
+      for (int step = 0; step < 3; ++step) {
+        SCOPED_TRACE("step " + std::to_string(step));
+        const Batch batch = global_batch(step);
+        const Batch local = slice(batch, ctx.rank, ctx.world_size);
+        opt->zero_grad();
+        mse(ddp.forward(local.x), local.y).backward();
+        ref_opt->zero_grad();
+        mse(reference->forward(batch.x), batch.y).backward();
+        // By position: the wrapped layers' names carry "_checkpoint_wrapped_module".
+        const auto params = model->parameters(), ref_params = reference->parameters();
+        ASSERT_EQ(params.size(), ref_params.size());
+        for (size_t i = 0; i < params.size(); ++i)
+          expect_close(params[i].grad(), ref_params[i].grad(), "gradient of parameter " + std::to_string(i));
+        opt->step();
+        ref_opt->step();
+      }
+    }
+  });
+}
+
+TEST_P(DDP, StaticGraphReducesALayerCheckpointedTwice) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const Batch batch = global_batch(0);
+    const Batch local = slice(batch, ctx.rank, ctx.world_size);
+    {
+      torch::manual_seed(31);
+      TwiceThrough model(true);
+      DistributedDataParallel ddp(model);
+      std::string message = error_of([&] { mse(ddp.forward(local.x), local.y).backward(); });
+      EXPECT_NE(message.find("got a gradient twice"), std::string::npos)
+          << message;
+      EXPECT_NE(message.find("'shared._checkpoint_wrapped_module."), std::string::npos) << message;
+      EXPECT_NE(message.find("static_graph(true)"), std::string::npos) << message;
+    }
+    torch::manual_seed(31);
+    TwiceThrough reference(false);
+    torch::manual_seed(31 + ctx.rank);  // rank 0's values arrive by the construction broadcast
+    TwiceThrough model(true);
+    DistributedDataParallel ddp(model, DistributedDataParallelOptions().static_graph(true).bucket_cap_mb(cap_of_floats(80)));
+    auto opt = make_optimizer("adam", model->parameters());
+    auto ref_opt = make_optimizer("adam", reference->parameters());
+    for (int step = 0; step < 4; ++step) {  // step 0 records the graph, the others use it
+      SCOPED_TRACE("step " + std::to_string(step));
+      const Batch b = global_batch(step);
+      const Batch mine = slice(b, ctx.rank, ctx.world_size);
+      opt->zero_grad();
+      mse(ddp.forward(mine.x), mine.y).backward();
+      ref_opt->zero_grad();
+      mse(reference->forward(b.x), b.y).backward();
+      const auto params = model->parameters(), ref_params = reference->parameters();
+      ASSERT_EQ(params.size(), ref_params.size());
+      for (size_t i = 0; i < params.size(); ++i)
+        expect_close(params[i].grad(), ref_params[i].grad(), "gradient of parameter " + std::to_string(i));
+      opt->step();
+      ref_opt->step();
+    }
+  });
+}
+
+// Each rank's graph stays the same (rank 1 uses `branch`, the others do not; nobody uses
+// `never`): the first backward finds the unused parameters with one used-map all_reduce, the
+// later ones need neither the search nor the all_reduce.
+TEST_P(DDP, StaticGraphFindsUnusedParametersOnceWithoutAPerStepAllReduce) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size;
+    auto uses_branch = [](int rank) { return rank % 2 == 1; };
+    auto reference = make_branchy(5);
+    auto model = make_branchy(5);
+    DistributedDataParallel ddp(model, DistributedDataParallelOptions().static_graph(true).bucket_cap_mb(cap_of_floats(80)));
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
+    torch::optim::Adam ref_opt(reference->parameters(), torch::optim::AdamOptions(0.01));
+    for (int step = 0; step < 4; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      const Batch batch = global_batch(step);
+      const Batch local = slice(batch, ctx.rank, n);
+      clear_grads(*model);
+      CommDebugMode comm;
+      mse(ddp.forward(local.x, uses_branch(ctx.rank)), local.y).backward();
+      EXPECT_EQ(comm.count("all_reduce"), static_cast<int64_t>(ddp.num_buckets()) + (step == 0 ? 1 : 0))
+          << "the buckets, and the used-parameter map in the first backward only";
+      clear_grads(*reference);
+      at::Tensor ref_loss = at::zeros({});
+      for (int r = 0; r < n; ++r) {
+        const Batch s = slice(batch, r, n);
+        ref_loss = ref_loss + mse(reference->forward(s.x, uses_branch(r)), s.y);
+      }
+      (ref_loss / n).backward();
+      EXPECT_FALSE(model->never->weight.grad().defined()) << "no rank used `never`: its .grad must stay undefined";
+      EXPECT_EQ(model->branch->weight.grad().defined(), n > 1) << "`branch` is used by rank 1 when there is one";
+      expect_same_gradients(*model, *reference, "averaged");
+      opt.step();
+      ref_opt.step();
+    }
+  });
+}
+
+TEST_P(DDP, StaticGraphThatChangesIsAnErrorNamingTheParameter) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const Batch local = slice(global_batch(0), ctx.rank, ctx.world_size);
+    for (bool first_uses_branch : {true, false}) {
+      SCOPED_TRACE(first_uses_branch ? "branch dropped after the first backward" : "branch added after it");
+      auto model = make_branchy(3);
+      DistributedDataParallel ddp(model, DistributedDataParallelOptions().static_graph(true));
+      mse(ddp.forward(local.x, first_uses_branch), local.y).backward();
+      std::string message = error_of([&] { mse(ddp.forward(local.x, !first_uses_branch), local.y).backward(); });
+      EXPECT_NE(message.find("static_graph"), std::string::npos) << message;
+      EXPECT_NE(message.find("'branch."), std::string::npos) << message;
+      EXPECT_NE(message.find(first_uses_branch ? "fewer gradients than in the first backward" : "0 times in the first one"),
+                std::string::npos)
+          << message;
+      EXPECT_NE(message.find("rank " + std::to_string(ctx.rank)), std::string::npos) << message;
     }
   });
 }
@@ -660,8 +824,8 @@ TEST_P(DDPBadInput, OptionsThatDifferAcrossRanksAreAnErrorOnEveryRank) {
     auto model = make_mlp(1);
     auto options = DistributedDataParallelOptions().find_unused_parameters(ctx.rank == 1);
     std::string message = error_of([&] { DistributedDataParallel ddp(model, options); });
-    EXPECT_NE(message.find("find_unused_parameters 0, gradient_as_bucket_view 0 on rank 0 but "), std::string::npos) << message;
-    EXPECT_NE(message.find("find_unused_parameters 1, gradient_as_bucket_view 0 on rank 1"), std::string::npos) << message;
+    EXPECT_NE(message.find("find_unused_parameters 0, gradient_as_bucket_view 0, static_graph 0 on rank 0 but "), std::string::npos) << message;
+    EXPECT_NE(message.find("find_unused_parameters 1, gradient_as_bucket_view 0, static_graph 0 on rank 1"), std::string::npos) << message;
   });
 }
 
