@@ -207,6 +207,31 @@ TEST_P(DDP, ParityWithLocalTrainingSGDAndAdam) {
   });
 }
 
+// Trains `ddp` on each rank's slice and the plain `reference` on the global batch; after each
+// backward their gradients must agree. By position: checkpointed layers' names carry
+// "_checkpoint_wrapped_module".
+template <typename M, typename R>
+void train_checkpointed_against_reference(RankContext& ctx, DistributedDataParallel<M>& ddp, R& reference,
+                                          const std::string& optimizer, int steps) {
+  auto opt = make_optimizer(optimizer, ddp.module()->parameters());
+  auto ref_opt = make_optimizer(optimizer, reference.parameters());
+  for (int step = 0; step < steps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const Batch batch = global_batch(step);
+    const Batch local = slice(batch, ctx.rank, ctx.world_size);
+    opt->zero_grad();
+    mse(ddp.forward(local.x), local.y).backward();
+    ref_opt->zero_grad();
+    mse(reference.forward(batch.x), batch.y).backward();
+    const auto params = ddp.module()->parameters(), ref_params = reference.parameters();
+    ASSERT_EQ(params.size(), ref_params.size());
+    for (size_t i = 0; i < params.size(); ++i)
+      expect_close(params[i].grad(), ref_params[i].grad(), "gradient of parameter " + std::to_string(i));
+    opt->step();
+    ref_opt->step();
+  }
+}
+
 // Checkpointed layers recompute in a backward nested inside the outer one (the reentrant
 // scheme), so their parameters' gradient hooks fire there: checkpointing the last layer makes
 // the first hook of the backward a nested one, and checkpointing every layer makes all of them.
@@ -226,24 +251,7 @@ TEST_P(DDP, ActivationCheckpointedLayersMatchLocalTraining) {
           model->push_back(layer);
       }
       DistributedDataParallel ddp(model, DistributedDataParallelOptions().bucket_cap_mb(cap_of_floats(40)));
-      auto opt = make_optimizer("sgd", model->parameters());
-      auto ref_opt = make_optimizer("sgd", reference->parameters());
-      for (int step = 0; step < 3; ++step) {
-        SCOPED_TRACE("step " + std::to_string(step));
-        const Batch batch = global_batch(step);
-        const Batch local = slice(batch, ctx.rank, ctx.world_size);
-        opt->zero_grad();
-        mse(ddp.forward(local.x), local.y).backward();
-        ref_opt->zero_grad();
-        mse(reference->forward(batch.x), batch.y).backward();
-        // By position: the wrapped layers' names carry "_checkpoint_wrapped_module".
-        const auto params = model->parameters(), ref_params = reference->parameters();
-        ASSERT_EQ(params.size(), ref_params.size());
-        for (size_t i = 0; i < params.size(); ++i)
-          expect_close(params[i].grad(), ref_params[i].grad(), "gradient of parameter " + std::to_string(i));
-        opt->step();
-        ref_opt->step();
-      }
+      train_checkpointed_against_reference(ctx, ddp, *reference, "sgd", 3);
     }
   });
 }
@@ -267,23 +275,7 @@ TEST_P(DDP, StaticGraphReducesALayerCheckpointedTwice) {
     torch::manual_seed(31 + ctx.rank);  // rank 0's values arrive by the construction broadcast
     TwiceThrough model(true);
     DistributedDataParallel ddp(model, DistributedDataParallelOptions().static_graph(true).bucket_cap_mb(cap_of_floats(80)));
-    auto opt = make_optimizer("adam", model->parameters());
-    auto ref_opt = make_optimizer("adam", reference->parameters());
-    for (int step = 0; step < 4; ++step) {  // step 0 records the graph, the others use it
-      SCOPED_TRACE("step " + std::to_string(step));
-      const Batch b = global_batch(step);
-      const Batch mine = slice(b, ctx.rank, ctx.world_size);
-      opt->zero_grad();
-      mse(ddp.forward(mine.x), mine.y).backward();
-      ref_opt->zero_grad();
-      mse(reference->forward(b.x), b.y).backward();
-      const auto params = model->parameters(), ref_params = reference->parameters();
-      ASSERT_EQ(params.size(), ref_params.size());
-      for (size_t i = 0; i < params.size(); ++i)
-        expect_close(params[i].grad(), ref_params[i].grad(), "gradient of parameter " + std::to_string(i));
-      opt->step();
-      ref_opt->step();
-    }
+    train_checkpointed_against_reference(ctx, ddp, *reference, "adam", 4);  // step 0 records the graph
   });
 }
 
