@@ -24,7 +24,7 @@ class JoinHook {
   virtual void main_hook() {}
   // Runs once on every rank after all ranks joined; is_last_joiner says whether this rank
   // was among the last to join.
-  virtual void post_hook(bool is_last_joiner) {}
+  virtual void post_hook(bool /*is_last_joiner*/) {}
 };
 
 class Joinable {
