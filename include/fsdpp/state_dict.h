@@ -83,9 +83,10 @@ class StateDict {
   std::vector<Item> items_;
 };
 
-// torch::save(sd, path) / torch::load(sd, path): whole tensors only (a FULL state dict, or any
-// dict of plain tensors). A ShardedTensor entry is an error naming its key: save SHARDED and
-// LOCAL state dicts with the distributed checkpoint (one file per rank plus metadata).
+// torch::save(sd, path) / torch::load(sd, path). A dict of whole tensors (FULL) loads anywhere; a
+// SHARDED or LOCAL dict is this rank's part, as PyTorch's pickled ShardedTensor: one file per rank,
+// read back by the same rank at the same world size (over the default group; a ShardedTensor over
+// a subgroup is refused). The distributed checkpoint reshards.
 void operator<<(torch::serialize::OutputArchive& archive, const StateDict& sd);
 void operator>>(torch::serialize::InputArchive& archive, StateDict& sd);
 

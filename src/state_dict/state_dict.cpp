@@ -7,6 +7,8 @@
 #include <ATen/core/ivalue.h>
 
 #include <fsdpp/error.h>
+#include <fsdpp/process_group.h>
+#include <fsdpp/sharded_tensor.h>
 
 namespace fsdpp {
 
@@ -77,24 +79,101 @@ std::vector<std::string> StateDict::keys() const {
 }
 
 namespace {
-// Archive entry names cannot hold '.', so keys are stored as a list and tensors by index.
+// Archive entry names cannot hold '.', so keys are stored as a list and tensors by index: "t<i>"
+// a whole tensor, or a ShardedTensor as "t<i>" its local shards' tensors and "m<i>" its layout.
 constexpr const char* kKeys = "fsdpp_state_dict_keys";
 constexpr const char* kType = "fsdpp_state_dict_type";
+
+// A ShardedTensor is this rank's part of a whole: as PyTorch's pickled ShardedTensor, it loads
+// back in a process of the same rank in a default group of the same size, where it is again
+// sharded over the default group. So only ShardedTensors over the whole world are written.
+void check_savable(const std::string& key, const ShardedTensor& st) {
+  const ProcessGroup group = st.process_group().defined() ? st.process_group() : default_group();
+  const ProcessGroup world = default_group();
+  if (group.ranks() != world.ranks())
+    throw Error("saving a state dict with torch::save: '" + key + "' is a ShardedTensor over process group " +
+                group.name() + " (" + std::to_string(group.size()) + " of " + std::to_string(world.size()) +
+                " ranks), and torch::load rebuilds ShardedTensors over the default group only; save it with the "
+                "distributed checkpoint (checkpoint::save), or full_tensor() it first");
+}
+
+// The layout as one int list: dtype, group rank, group size, dims, global size, then per shard
+// its placement, offsets and sizes.
+c10::List<int64_t> layout_of(const ShardedTensor& st) {
+  const ProcessGroup group = st.process_group().defined() ? st.process_group() : default_group();
+  c10::List<int64_t> out;
+  for (int64_t v : {static_cast<int64_t>(st.dtype()), int64_t{group.rank()}, int64_t{group.size()}, st.dim()})
+    out.push_back(v);
+  for (int64_t v : st.size()) out.push_back(v);
+  for (const auto& m : st.shards_metadata()) {
+    out.push_back(m.placement);
+    for (int64_t v : m.shard_offsets) out.push_back(v);
+    for (int64_t v : m.shard_sizes) out.push_back(v);
+  }
+  return out;
+}
+
+ShardedTensor sharded_from(const std::string& key, const c10::List<int64_t>& layout, const c10::List<at::Tensor>& tensors) {
+  const auto bad = [&](const std::string& why) {
+    return Error("loading a state dict with torch::load: the ShardedTensor '" + key + "' " + why);
+  };
+  const std::vector<int64_t> v(layout.begin(), layout.end());
+  if (v.size() < 4 || v[3] < 0 || v.size() < 4 + static_cast<size_t>(v[3])) throw bad("has a truncated layout");
+  const auto dtype = static_cast<at::ScalarType>(v[0]);
+  const int saved_rank = static_cast<int>(v[1]), saved_size = static_cast<int>(v[2]);
+  const size_t dims = static_cast<size_t>(v[3]);
+  if (!is_initialized())
+    throw bad("was saved by rank " + std::to_string(saved_rank) + " of " + std::to_string(saved_size) +
+              "; loading it needs the default process group (init_process_group)");
+  const ProcessGroup world = default_group();
+  if (world.rank() != saved_rank || world.size() != saved_size)
+    throw bad("was saved by rank " + std::to_string(saved_rank) + " of " + std::to_string(saved_size) +
+              ", and this process is rank " + std::to_string(world.rank()) + " of " + std::to_string(world.size()) +
+              ": a rank loads its own file at the same world size (the distributed checkpoint reshards)");
+  std::vector<int64_t> global(v.begin() + 4, v.begin() + 4 + static_cast<std::ptrdiff_t>(dims));
+  std::vector<ShardMetadata> all;
+  std::vector<Shard> local;
+  for (size_t i = 4 + dims; i < v.size();) {
+    if (i + 1 + 2 * dims > v.size()) throw bad("has a truncated shard layout");
+    ShardMetadata m;
+    m.placement = static_cast<int>(v[i]);
+    m.shard_offsets.assign(v.begin() + static_cast<std::ptrdiff_t>(i + 1), v.begin() + static_cast<std::ptrdiff_t>(i + 1 + dims));
+    m.shard_sizes.assign(v.begin() + static_cast<std::ptrdiff_t>(i + 1 + dims),
+                         v.begin() + static_cast<std::ptrdiff_t>(i + 1 + 2 * dims));
+    i += 1 + 2 * dims;
+    if (m.placement == saved_rank) {
+      if (local.size() >= tensors.size()) throw bad("lists more local shards than it holds tensors");
+      local.push_back({tensors.get(local.size()), m});
+    }
+    all.push_back(std::move(m));
+  }
+  if (local.size() != tensors.size()) throw bad("holds more tensors than local shards");
+  return ShardedTensor::from_local_shards_and_global_metadata(std::move(local), std::move(global), dtype,
+                                                              std::move(all), world);
+}
 }  // namespace
 
 void operator<<(torch::serialize::OutputArchive& archive, const StateDict& sd) {
   c10::List<std::string> keys;
   for (const auto& [key, value] : sd) {
-    if (value.is_sharded())
-      throw Error("saving a state dict with torch::save: '" + key +
-                  "' is a ShardedTensor; torch::save takes whole tensors (a FULL state dict). Save SHARDED and "
-                  "LOCAL state dicts with the distributed checkpoint, or full_tensor() them first");
+    if (value.is_sharded()) check_savable(key, value.sharded_tensor());
     keys.push_back(key);
   }
   archive.write(kKeys, c10::IValue(keys));
   archive.write(kType, c10::IValue(sd.type ? static_cast<int64_t>(*sd.type) : int64_t{-1}));
   int64_t i = 0;
-  for (const auto& [key, value] : sd) archive.write("t" + std::to_string(i++), value.tensor().detach());
+  for (const auto& [key, value] : sd) {
+    const std::string index = std::to_string(i++);
+    if (!value.is_sharded()) {
+      archive.write("t" + index, value.tensor().detach());
+      continue;
+    }
+    const ShardedTensor& st = value.sharded_tensor();
+    c10::List<at::Tensor> shards;
+    for (const auto& shard : st.local_shards()) shards.push_back(shard.tensor.detach());
+    archive.write("t" + index, c10::IValue(shards));
+    archive.write("m" + index, c10::IValue(layout_of(st)));
+  }
 }
 
 void operator>>(torch::serialize::InputArchive& archive, StateDict& sd) {
@@ -108,10 +187,20 @@ void operator>>(torch::serialize::InputArchive& archive, StateDict& sd) {
     out.type = static_cast<StateDictType>(type.toInt());
   int64_t i = 0;
   for (const auto& k : keys.toListRef()) {
+    const std::string& key = k.toStringRef();
+    const std::string index = std::to_string(i++);
+    c10::IValue layout;
+    if (archive.try_read("m" + index, layout)) {
+      c10::IValue shards;
+      if (!layout.isIntList() || !archive.try_read("t" + index, shards) || !shards.isTensorList())
+        throw Error("loading a state dict with torch::load: the shards of ShardedTensor '" + key + "' are missing");
+      out.insert(key, sharded_from(key, layout.toIntList(), shards.toTensorList()));
+      continue;
+    }
     at::Tensor t;
-    if (!archive.try_read("t" + std::to_string(i++), t))
-      throw Error("loading a state dict with torch::load: the tensor of '" + k.toStringRef() + "' is missing");
-    out.insert(k.toStringRef(), std::move(t));
+    if (!archive.try_read("t" + index, t))
+      throw Error("loading a state dict with torch::load: the tensor of '" + key + "' is missing");
+    out.insert(key, std::move(t));
   }
   sd = std::move(out);
 }

@@ -97,19 +97,22 @@ std::map<std::string, int> sharded_bucket_owners(int world_size) {
 }
 
 // The seed's sweep: gradient_as_bucket_view F/T (on both DDPs: with it on, the gradients the
-// hook's ZeRO step reads are views into the reduced buckets) x shard_buckets F/T x the
-// optimizer. Whole buckets use five small buckets (one per parameter but l3's), where nothing
+// hook's ZeRO step reads are views into the reduced buckets) x static_graph F/T (on both: from
+// the second step on, buckets are reduced at the counts the first recorded) x shard_buckets F/T
+// x the optimizer. Whole buckets use five small buckets (one per parameter but l3's), where nothing
 // would be split; shard_buckets uses two buckets that PyTorch's assignment splits at world
-// sizes 2-4. The seed's static_graph parameter is pending (docs/seed-coverage.md).
+// sizes 2-4.
 void run_overlap_parity(RankContext& ctx, Variant variant) {
   for (bool gradient_as_bucket_view : {false, true})
+  for (bool static_graph : {false, true})
   for (bool shard_buckets : {false, true})
   for (std::string optimizer : {"sgd", "adam"}) {
     SCOPED_TRACE(optimizer + (gradient_as_bucket_view ? ", gradient_as_bucket_view" : "") +
-                 (shard_buckets ? ", shard_buckets" : ""));
+                 (static_graph ? ", static_graph" : "") + (shard_buckets ? ", shard_buckets" : ""));
     const auto options = DistributedDataParallelOptions()
                              .bucket_cap_mb(cap_of_floats(shard_buckets ? 100 : 30))
-                             .gradient_as_bucket_view(gradient_as_bucket_view);
+                             .gradient_as_bucket_view(gradient_as_bucket_view)
+                             .static_graph(static_graph);
     torch::manual_seed(300 + ctx.rank);  // rank 0's values arrive by DDP's construction broadcast
     ThreeLayers model;
     torch::manual_seed(300);

@@ -571,11 +571,6 @@ TEST_P(FSDPStateDict, LocalStateDictWithEmptyRanks) {
   });
 }
 
-// Seed 000 test_torch_save_load round-trips a LOCAL state dict through torch.save; fsdpp's
-// torch::save takes whole tensors only (docs/api.md, "torch::save / torch::load": SHARDED and
-// LOCAL dicts go to the distributed checkpoint), so the seed's own case is pending in
-// docs/seed-coverage.md and these two tests say what holds today.
-
 // A FULL state dict through torch::save / torch::load: keys, type and values survive, and the
 // loaded dict loads into a zeroed model.
 TEST_P(FSDPStateDict, TorchSaveLoadFullStateDict) {
@@ -597,18 +592,71 @@ TEST_P(FSDPStateDict, TorchSaveLoadFullStateDict) {
   });
 }
 
-// SHARDED and LOCAL dicts are refused by torch::save, naming the first ShardedTensor key, and
-// nothing is written.
-TEST_P(FSDPStateDict, TorchSaveRefusesShardedAndLocalStateDicts) {
+// Seed 000 test_torch_save_load: a LOCAL (and a SHARDED) state dict through torch::save and
+// torch::load, one file per rank: every local shard and the layout survive, and the loaded dict
+// loads into a zeroed model. A rank's file is refused by another rank (naming both), and a
+// ShardedTensor over a subgroup is refused by torch::save, which writes nothing.
+TEST_P(FSDPStateDict, TorchSaveLoad) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     Net net = make_net(Wrap::kNested);
-    for (auto [type, key] : {std::pair{StateDictType::SHARDED_STATE_DICT, "'0.weight' is a ShardedTensor"},
-                             std::pair{StateDictType::LOCAL_STATE_DICT, "'_flat_param' is a ShardedTensor"}}) {
+    train(net, 1, ctx.rank, ctx.world_size);
+    const auto trained = full_values(*net.module);
+    for (StateDictType type : {StateDictType::LOCAL_STATE_DICT, StateDictType::SHARDED_STATE_DICT}) {
+      SCOPED_TRACE(to_string(type));
       auto scope = state_dict_type(*net.module, type);
       StateDict sd = state_dict(*net.module);
-      const std::string path = ctx.temp_dir + "/" + to_string(type) + "_" + std::to_string(ctx.rank) + ".pt";
+      const auto path = [&](int rank) { return ctx.temp_dir + "/" + to_string(type) + "_" + std::to_string(rank) + ".pt"; };
+      torch::save(sd, path(ctx.rank));
+      StateDict loaded;
+      torch::load(loaded, path(ctx.rank));
+      EXPECT_EQ(loaded.keys(), sd.keys());
+      EXPECT_EQ(loaded.type, type);
+      size_t sharded = 0;
+      for (const auto& [key, value] : sd) {
+        ASSERT_EQ(loaded.at(key).is_sharded(), value.is_sharded()) << key;
+        if (!value.is_sharded()) {
+          EXPECT_TRUE(at::equal(loaded.at(key).tensor(), value.tensor())) << key;
+          continue;
+        }
+        ++sharded;
+        const ShardedTensor &a = loaded.at(key).sharded_tensor(), &b = value.sharded_tensor();
+        EXPECT_EQ(a.size(), b.size()) << key;
+        EXPECT_EQ(a.shards_metadata(), b.shards_metadata()) << key;
+        ASSERT_EQ(a.local_shards().size(), b.local_shards().size()) << key;
+        for (size_t i = 0; i < a.local_shards().size(); ++i) {
+          EXPECT_EQ(a.local_shards()[i].metadata, b.local_shards()[i].metadata) << key;
+          EXPECT_TRUE(at::equal(a.local_shards()[i].tensor, b.local_shards()[i].tensor)) << key;
+        }
+      }
+      EXPECT_GT(sharded, 0u) << "the dict holds no ShardedTensor: the round trip tested nothing sharded";
+      zero_model(*net.module);
+      load_state_dict(*net.module, loaded);
+      expect_equal_values(full_values(*net.module), trained, "loaded from this rank's file");
+
+      if (ctx.world_size > 1) {
+        fsdpp::barrier();  // every rank's file is written
+        const int other = (ctx.rank + 1) % ctx.world_size;
+        StateDict wrong;
+        const std::string e = error_of([&] { torch::load(wrong, path(other)); });
+        EXPECT_NE(e.find("saved by rank " + std::to_string(other) + " of " + std::to_string(ctx.world_size) +
+                         ", and this process is rank " + std::to_string(ctx.rank)),
+                  std::string::npos) << e;
+        fsdpp::barrier();  // no rank moves on (rewriting its file) while another still reads it
+      }
+    }
+    if (ctx.world_size > 1) {
+      // Ranks 0 and 1 only: a ShardedTensor torch::load could not rebuild over the default group.
+      ProcessGroup pair = default_group().new_group({0, 1});
+      if (!pair.is_member()) return;
+      StateDict sd;
+      sd.insert("w", ShardedTensor::from_local_shards(
+                         {Shard::from_tensor_and_offsets(at::ones({2, 3}), {2 * pair.rank(), 0}, pair.rank())}, {4, 3},
+                         pair));
+      const std::string path = ctx.temp_dir + "/pair_" + std::to_string(ctx.rank) + ".pt";
       const std::string e = error_of([&] { torch::save(sd, path); });
-      EXPECT_NE(e.find(key), std::string::npos) << to_string(type) << ": " << e;
+      EXPECT_NE(e.find("'w' is a ShardedTensor over process group " + pair.name() + " (2 of " +
+                       std::to_string(ctx.world_size) + " ranks)"),
+                std::string::npos) << e;
       EXPECT_NE(e.find("distributed checkpoint"), std::string::npos) << e;
       std::ifstream written(path, std::ios::binary | std::ios::ate);
       EXPECT_TRUE(!written || written.tellg() == 0) << path << " holds a partial archive";
