@@ -9,6 +9,8 @@ build=${FSDPP_BUILD_DIR:-build}
 # ccache hits across clones and worktrees (paths relative to the checkout; debug info then names
 # the clone that first compiled a file).
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
+# Without this ccache caches nothing that uses a precompiled header (every source here does).
+export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
 mkdir -p "$build"
 exec 9>/tmp/fsdpp-build.lock
 flock 9
