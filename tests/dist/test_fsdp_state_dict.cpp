@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <numeric>
 #include <functional>
 #include <map>
 #include <optional>
@@ -645,17 +646,19 @@ TEST_P(FSDPStateDict, TorchSaveLoad) {
       }
     }
     if (ctx.world_size > 1) {
-      // Ranks 0 and 1 only: a ShardedTensor torch::load could not rebuild over the default group.
-      ProcessGroup pair = default_group().new_group({0, 1});
-      if (!pair.is_member()) return;
+      // All ranks but the last: a ShardedTensor torch::load could not rebuild over the default group.
+      std::vector<int> ranks(ctx.world_size - 1);
+      std::iota(ranks.begin(), ranks.end(), 0);
+      ProcessGroup sub = default_group().new_group(ranks);
+      if (!sub.is_member()) return;
       StateDict sd;
       sd.insert("w", ShardedTensor::from_local_shards(
-                         {Shard::from_tensor_and_offsets(at::ones({2, 3}), {2 * pair.rank(), 0}, pair.rank())}, {4, 3},
-                         pair));
-      const std::string path = ctx.temp_dir + "/pair_" + std::to_string(ctx.rank) + ".pt";
+                         {Shard::from_tensor_and_offsets(at::ones({2, 3}), {2 * sub.rank(), 0}, sub.rank())},
+                         {2 * sub.size(), 3}, sub));
+      const std::string path = ctx.temp_dir + "/subgroup_" + std::to_string(ctx.rank) + ".pt";
       const std::string e = error_of([&] { torch::save(sd, path); });
-      EXPECT_NE(e.find("'w' is a ShardedTensor over process group " + pair.name() + " (2 of " +
-                       std::to_string(ctx.world_size) + " ranks)"),
+      EXPECT_NE(e.find("'w' is a ShardedTensor over process group " + sub.name() + " (" + std::to_string(sub.size()) +
+                       " of " + std::to_string(ctx.world_size) + " ranks)"),
                 std::string::npos) << e;
       EXPECT_NE(e.find("distributed checkpoint"), std::string::npos) << e;
       std::ifstream written(path, std::ios::binary | std::ios::ate);
