@@ -224,31 +224,84 @@ void expect_training_parity(torch::nn::Module& plain, const LossOf& plain_forwar
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << what << " param " << i;
 }
 
-// Seed 001: AC on every transformer block, then fully_shard per block and the root.
+// Seed 001's Transformer with checkpoint_activations (the `utils` variant): its forward
+// checkpoints each block's call, as torch.utils.checkpoint.checkpoint(layer, h) does there.
+// fsdpp's counterpart of that function is a checkpoint wrapper made for the call; the block it
+// calls is the unit, so the checkpointed region holds the unit's gather and reshard, and the
+// recomputation in backward runs the unit's forward again.
+class UtilsCheckpointedTransformerImpl : public examples::TransformerImpl {
+ public:
+  using TransformerImpl::TransformerImpl;
+  at::Tensor forward(at::Tensor tokens) {
+    at::Tensor positions = torch::arange(tokens.size(1), torch::kLong);
+    at::Tensor h = tok_embeddings->forward(tokens) + pos_embeddings->forward(positions);
+    for (const auto& layer : *layers) {
+      if (auto unit = std::dynamic_pointer_cast<FullyShardedDataParallelImpl<TransformerBlockImpl>>(layer.ptr()))
+        h = checkpoint_wrapper(unit)->forward(h);
+      else
+        h = checkpoint_wrapper(layer.ptr<TransformerBlockImpl>())->forward(h);
+    }
+    return output->forward(norm->forward(h));
+  }
+};
+TORCH_MODULE(UtilsCheckpointedTransformer);
+
+// Seed 001 test_train_parity_with_activation_checkpointing: reshard_after_forward True / False /
+// 2 (2 where it divides the group) x checkpoint_impl, each trained bitwise at parity with the
+// same units without checkpointing, with the plain model's state dict keys:
+// - `wrapper`: apply_activation_checkpointing on the blocks, then a unit around each checkpoint
+//   wrapper (auto-wrap) and the root: FSDP(CheckpointWrapper(block)), as the seed.
+// - `composable`: the seed's loop, per block checkpoint then fully_shard, then the root. libtorch
+//   has no forward hooks, so the in-place checkpoint is a wrapper the unit holds: the
+//   checkpointed region sits inside the unit's gather, as FSDP2's hooks order them.
+// - `utils`: the model's forward checkpoints each block's call (UtilsCheckpointedTransformer),
+//   the blocks units: CheckpointWrapper(FSDP(block)) at every call.
 TEST_P(ActivationCheckpointFSDP, test_train_parity_with_activation_checkpointing) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     TransformerArgs args;
-    for (bool reshard_after_forward : {true, false}) {
-      auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
-      auto [plain_model, ac_model] = twins([&] { return Transformer(args); });
-      auto plain = fully_shard(plain_model, FullyShardOptions(options).auto_wrap_policy(ModuleWrapPolicy<TransformerBlockImpl>()));
-      ASSERT_EQ(apply_activation_checkpointing(*ac_model, ModuleWrapPolicy<TransformerBlockImpl>()), args.n_layers);
-      auto ac = fully_shard(ac_model, FullyShardOptions(options).auto_wrap_policy(
-                                          ModuleWrapPolicy<CheckpointWrapperImpl<TransformerBlockImpl>>()));
-      EXPECT_EQ(fsdp_units(*ac).size(), fsdp_units(*plain).size()) << "FSDP around each AC-wrapped block";
-      auto forward = [&](auto& m) {
-        return [&m](const at::Tensor& tokens) {
-          return examples::language_model_loss(m->forward(tokens), tokens.roll(1, 1));
+    const auto block_units = ModuleWrapPolicy<TransformerBlockImpl>();
+    for (const auto& [options, raf] : reshard_after_forward_sweep(ctx.world_size))
+      for (const std::string checkpoint_impl : {"composable", "utils", "wrapper"}) {
+        const std::string what = raf + " checkpoint_impl " + checkpoint_impl;
+        auto [plain_model, ac_model] = twins([&] { return Transformer(args); });
+        auto plain = fully_shard(plain_model, FullyShardOptions(options).auto_wrap_policy(block_units));
+        std::shared_ptr<torch::nn::Module> ac;
+        LossOf ac_loss;
+        auto loss_of = [](auto m) {
+          return [m](const at::Tensor& tokens) mutable {
+            return examples::language_model_loss(m->forward(tokens), tokens.roll(1, 1));
+          };
         };
-      };
-      auto batch = [&](int step) {
-        torch::manual_seed(100 * step + ctx.rank);
-        return torch::randint(args.vocab_size, {2, args.max_seq_len});
-      };
-      expect_training_parity(*plain, forward(plain), *ac, forward(ac), batch,
-                             std::string("reshard_after_forward ") + (reshard_after_forward ? "T" : "F"));
-      if (::testing::Test::HasFailure()) return;
-    }
+        if (checkpoint_impl == "wrapper") {
+          ASSERT_EQ(apply_activation_checkpointing(*ac_model, block_units), args.n_layers);
+          auto m = fully_shard(ac_model, FullyShardOptions(options).auto_wrap_policy(
+                                             ModuleWrapPolicy<CheckpointWrapperImpl<TransformerBlockImpl>>()));
+          ac = m.ptr();
+          ac_loss = loss_of(m);
+        } else if (checkpoint_impl == "composable") {
+          Sequential blocks;
+          for (const auto& layer : *ac_model->layers)
+            blocks->push_back(fully_shard(checkpoint_wrapper(layer.ptr<TransformerBlockImpl>()), options));
+          ac_model->layers = ac_model->replace_module("layers", blocks);
+          auto m = fully_shard(ac_model, options);
+          ac = m.ptr();
+          ac_loss = loss_of(m);
+        } else {
+          torch::manual_seed(0);  // as twins(): the same initial values
+          auto m = fully_shard(UtilsCheckpointedTransformer(args), FullyShardOptions(options).auto_wrap_policy(block_units));
+          ac = m.ptr();
+          ac_loss = loss_of(m);
+        }
+        EXPECT_EQ(fsdp_units(*ac).size(), fsdp_units(*plain).size()) << what << ": a unit per block and the root";
+        const auto ac_keys = state_dict(*ac).keys();  // collective: the same order on every rank
+        EXPECT_EQ(ac_keys, state_dict(*plain).keys()) << what;
+        auto batch = [&](int step) {
+          torch::manual_seed(100 * step + ctx.rank);
+          return torch::randint(args.vocab_size, {2, args.max_seq_len});
+        };
+        expect_training_parity(*plain, loss_of(plain), *ac, ac_loss, batch, what);
+        if (::testing::Test::HasFailure()) return;
+      }
   });
 }
 

@@ -6,8 +6,11 @@
 // softmax and layer norms sum in a different order per rank).
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <torch/torch.h>
 
+#include <fsdpp/activation_checkpointing.h>
 #include <fsdpp/collectives.h>
 #include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/error.h>
@@ -44,13 +47,17 @@ std::pair<at::Tensor, at::Tensor> token_batch(int64_t seed, const TransformerArg
 
 // Trains the plain transformer on the global batch and the sharded one on this rank's slice
 // for `steps` steps; losses, gradient shards and full parameters must match every step.
+// `before_sharding` (e.g. activation checkpointing) runs on the model before fully_shard.
 void check_transformer_parity(RankContext& ctx, const TransformerArgs& args, const FullyShardOptions& options, Optim optim,
-                              const std::string& label, int steps = 10) {
+                              const std::string& label, int steps = 10,
+                              const std::function<void(Transformer&)>& before_sharding = {}) {
   const int n = ctx.world_size, rank = ctx.rank;
   torch::manual_seed(42);
   Transformer ref(args);
   torch::manual_seed(42);
-  auto model = fully_shard(Transformer(args), options);
+  Transformer plain(args);
+  if (before_sharding) before_sharding(plain);
+  auto model = fully_shard(plain, options);
   auto ref_params = ref->parameters();
   auto params = model->parameters();
   ASSERT_EQ(params.size(), ref_params.size()) << label;
@@ -225,16 +232,34 @@ FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardAutoWrap);
 
 class FullyShardSharedParams : public testing::WorldSizeTest {};
 
+// Seed 001 test_train_parity_with_shared_params: reshard_after_forward F/T x
+// use_activation_checkpointing F/T (the seed checkpoints each block, then shards it: here
+// apply_activation_checkpointing on the blocks, then a unit around each checkpoint wrapper).
 TEST_P(FullyShardSharedParams, TrainParityWithSharedParams) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     TransformerArgs args;
     args.n_layers = 3;
     args.weight_tying = true;
-    for (bool reshard_after_forward : {false, true}) {
-      check_transformer_parity(ctx, args, block_policy(FullyShardOptions().reshard_after_forward(reshard_after_forward)),
-                               Optim::kAdam, "tied raf " + std::to_string(reshard_after_forward));
-      if (::testing::Test::HasFailure()) return;
-    }
+    for (bool reshard_after_forward : {false, true})
+      for (bool use_activation_checkpointing : {false, true}) {
+        auto options = FullyShardOptions().reshard_after_forward(reshard_after_forward);
+        if (use_activation_checkpointing)
+          options.auto_wrap_policy(ModuleWrapPolicy<CheckpointWrapperImpl<TransformerBlockImpl>>());
+        else
+          options = block_policy(options);
+        int checkpointed = 0;
+        auto checkpoint_blocks = [&](Transformer& m) {
+          checkpointed = apply_activation_checkpointing(*m, ModuleWrapPolicy<TransformerBlockImpl>());
+          EXPECT_TRUE(m->output->weight.is_same(m->tok_embeddings->weight)) << "tie kept by checkpointing";
+        };
+        check_transformer_parity(ctx, args, options, Optim::kAdam,
+                                 "tied raf " + std::to_string(reshard_after_forward) + " ac " +
+                                     std::to_string(use_activation_checkpointing),
+                                 10, use_activation_checkpointing ? std::function<void(Transformer&)>(checkpoint_blocks)
+                                                                  : std::function<void(Transformer&)>());
+        EXPECT_EQ(checkpointed, use_activation_checkpointing ? args.n_layers : 0);
+        if (::testing::Test::HasFailure()) return;
+      }
     // The tied tensor is one parameter of the root unit, listed under both names.
     auto model = fully_shard(Transformer(args), block_policy({}));
     auto root_params = fsdp_units(*model)[0]->sharded_parameter_names();

@@ -2,6 +2,8 @@
 // whole and un-synchronized, state dicts hold them under their plain names (seed 000's
 // test_state_dict_with_ignored_modules, seed 002's test_state_dict_save_load_flow with
 // ignore_modules), auto-wrap makes no unit of them, and misuse is refused.
+#include <optional>
+
 #include <fsdpp/error.h>
 #include <fsdpp/state_dict.h>
 #include <fsdpp/wrap_policy.h>
@@ -107,9 +109,13 @@ TEST_P(FullyShardIgnored, test_state_dict_with_ignored_modules) {
 }
 
 // Seed 002's test_state_dict_save_load_flow with ignore_modules T/F and FULL / SHARDED: the
-// transformer (output tied to the token embedding, as TransformerWithSharedParams) wrapped by block (ModuleWrapPolicy) with its position embedding and final norm
-// ignored saves a dict equal to the plain model's, and a zeroed model wrapped the same way
-// loads it back to the saved model's values.
+// transformer (output tied to the token embedding, as TransformerWithSharedParams) wrapped by
+// block (ModuleWrapPolicy) with its position embedding and final norm ignored saves a dict equal
+// to the plain model's, and a zeroed model wrapped the same way loads it back to the saved
+// model's values. Also rank0_only + CPU offload, named in the seed's docstring: FULL with
+// rank0_only and offload_to_cpu (rank 0 holds the whole dict on the CPU, the other ranks the
+// empty placeholder; loaded by set_model_state_dict's broadcast_from_rank0), SHARDED with
+// offload_to_cpu (each rank's shards on the CPU).
 TEST_P(FullyShardIgnored, test_state_dict_save_load_flow) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     using examples::Transformer;
@@ -122,39 +128,82 @@ TEST_P(FullyShardIgnored, test_state_dict_save_load_flow) {
       return fully_shard(model, options);
     };
     for (bool ignore : {false, true})
-      for (StateDictType type : {StateDictType::FULL_STATE_DICT, StateDictType::SHARDED_STATE_DICT}) {
-        const std::string where = std::string("ignore_modules ") + (ignore ? "T, " : "F, ") + to_string(type);
-        torch::manual_seed(0);
-        Transformer plain(args);
-        torch::manual_seed(0);
-        Transformer saved_plain(args);
-        auto saved = wrap(saved_plain, ignore);
-        EXPECT_EQ(saved_plain->pos_embeddings->weight.sizes() == plain->pos_embeddings->weight.sizes(),
-                  ignore || ctx.world_size == 1)
-            << where << ": an ignored embedding stays whole, a sharded one is not";
-        auto scope = state_dict_type(*saved, type);
-        StateDict sd = state_dict(*saved);
-        StateDict expected = state_dict(*plain);
-        StateDict full = gathered(sd);
-        ASSERT_EQ(full.keys(), expected.keys()) << where;
-        for (const auto& key : expected.keys())
-          EXPECT_TRUE(at::equal(full.at(key).tensor(), expected.at(key).tensor())) << where << " " << key;
+      for (StateDictType type : {StateDictType::FULL_STATE_DICT, StateDictType::SHARDED_STATE_DICT})
+        for (bool rank0_only_and_offload : {false, true}) {
+          const bool rank0_only = rank0_only_and_offload && type == StateDictType::FULL_STATE_DICT;
+          const std::string where = std::string("ignore_modules ") + (ignore ? "T, " : "F, ") + to_string(type) +
+                                    (rank0_only_and_offload ? (rank0_only ? ", rank0_only + offload" : ", offload") : "");
+          std::optional<StateDictConfig> config;
+          if (rank0_only_and_offload)
+            config = type == StateDictType::FULL_STATE_DICT
+                         ? StateDictConfig(FullStateDictConfig().rank0_only(true).offload_to_cpu(true))
+                         : StateDictConfig(ShardedStateDictConfig().offload_to_cpu(true));
+          // As the seed: no parameter all zeros (the norms' biases), so the zeroed destination
+          // differs from the saved model in every parameter before the load.
+          auto nonzero = [](Transformer m) {
+            torch::NoGradGuard no_grad;
+            for (auto& p : m->parameters())
+              if (p.count_nonzero().item<int64_t>() == 0) p.add_(torch::ones_like(p));
+            return m;
+          };
+          torch::manual_seed(0);
+          Transformer plain = nonzero(Transformer(args));
+          torch::manual_seed(0);
+          Transformer saved_plain = nonzero(Transformer(args));
+          auto saved = wrap(saved_plain, ignore);
+          EXPECT_EQ(saved_plain->pos_embeddings->weight.sizes() == plain->pos_embeddings->weight.sizes(),
+                    ignore || ctx.world_size == 1)
+              << where << ": an ignored embedding stays whole, a sharded one is not";
+          StateDict sd;
+          {
+            auto scope = state_dict_type(*saved, type, config);
+            sd = state_dict(*saved);
+          }
+          StateDict expected = state_dict(*plain);
+          if (rank0_only && ctx.rank != 0) {
+            EXPECT_TRUE(sd.empty()) << where << ": rank " << ctx.rank;
+            EXPECT_TRUE(sd.rank0_only_placeholder) << where;
+          } else {
+            StateDict full = gathered(sd);
+            ASSERT_EQ(full.keys(), expected.keys()) << where;
+            for (const auto& key : expected.keys()) {
+              EXPECT_TRUE(at::equal(full.at(key).tensor(), expected.at(key).tensor())) << where << " " << key;
+              if (!rank0_only_and_offload) continue;
+              if (sd.at(key).is_sharded()) {
+                for (const auto& shard : sd.at(key).sharded_tensor().local_shards())
+                  EXPECT_TRUE(shard.tensor.device().is_cpu()) << where << " " << key;
+              } else {
+                EXPECT_TRUE(sd.at(key).tensor().device().is_cpu()) << where << " " << key;
+              }
+            }
+          }
 
-        torch::manual_seed(1);
-        Transformer load_plain(args);
-        {
-          torch::NoGradGuard no_grad;
-          for (auto& p : load_plain->parameters()) p.zero_();
+          torch::manual_seed(1);
+          Transformer load_plain(args);
+          {
+            torch::NoGradGuard no_grad;
+            for (auto& p : load_plain->parameters()) p.zero_();
+          }
+          auto loaded = wrap(load_plain, ignore);
+          {
+            auto before = full_params(*loaded), want = full_params(*saved);
+            for (size_t i = 0; i < before.size(); ++i)
+              EXPECT_FALSE(at::equal(before[i], want[i])) << where << " param " << i << " equal before the load";
+          }
+          if (rank0_only) {
+            auto result = set_model_state_dict(*loaded, sd, StateDictOptions().full_state_dict(true).broadcast_from_rank0(true));
+            EXPECT_TRUE(result.missing_keys.empty() && result.unexpected_keys.empty()) << where;
+          } else {
+            auto load_scope = state_dict_type(*loaded, type);
+            auto result = load_state_dict(*loaded, sd);
+            EXPECT_TRUE(result.missing_keys.empty() && result.unexpected_keys.empty()) << where;
+          }
+          auto a = full_params(*loaded), b = full_params(*saved);
+          ASSERT_EQ(a.size(), b.size());
+          for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << where << " param " << i;
+          EXPECT_TRUE(load_plain->output->weight.is_same(load_plain->tok_embeddings->weight)) << where << ": tie kept";
+          if (::testing::Test::HasFailure()) return;
         }
-        auto loaded = wrap(load_plain, ignore);
-        auto load_scope = state_dict_type(*loaded, type);
-        load_state_dict(*loaded, sd);
-        auto a = full_params(*loaded), b = full_params(*saved);
-        ASSERT_EQ(a.size(), b.size());
-        for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << where << " param " << i;
-        EXPECT_TRUE(load_plain->output->weight.is_same(load_plain->tok_embeddings->weight)) << where << ": tie kept";
-        if (::testing::Test::HasFailure()) return;
-      }
   });
 }
 

@@ -48,17 +48,31 @@ std::vector<at::Tensor> train(RankContext& ctx, const FullyShardOptions& options
   return full_params(*model);
 }
 
+// Seed 001 test_train_parity_multi_group_cpu_offload_eager: CPUOffloadPolicy pin_memory T/F x
+// the four delay flags swept independently (the seed's 16 combinations) with Adam, at
+// reshard_after_forward True as the seed, the way FullyShard1DTrainingCore.TrainParityMultiGroup
+// runs them (ParityCase::delays; 10 steps without delays, 4 with); and SGD without delays.
 TEST_P(FullyShardCPUOffload, TrainParityMultiGroupCpuOffloadEager) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     for (bool pin_memory : {true, false})
-      for (Optim optim : {Optim::kSGD, Optim::kAdam})
-        for (bool delay : {false, true}) {
-          const auto options =
-              FullyShardOptions().reshard_after_forward(true).offload_policy(CPUOffloadPolicy().pin_memory(pin_memory));
-          const std::string label = "pin_memory " + std::to_string(pin_memory) + " delay " + std::to_string(delay);
-          check_multi_group_parity(ctx, options, optim, delay, label);
-          if (::testing::Test::HasFailure()) return;
+      for (int mask = -1; mask < 16; ++mask) {  // -1: SGD, no delays
+        ParityCase c;
+        if (mask < 0)
+          c.optim = Optim::kSGD;
+        else
+          c.delays(mask);
+        if (mask > 0) c.steps = 4;
+        const auto options =
+            FullyShardOptions().reshard_after_forward(true).offload_policy(CPUOffloadPolicy().pin_memory(pin_memory));
+        FSDPSequential model =
+            check_multi_group_parity(ctx, options, c, "pin_memory " + std::to_string(pin_memory) + " " + c.delays_name());
+        for (const auto& p : model->parameters()) {
+          EXPECT_TRUE(p.device().is_cpu());
+          ASSERT_TRUE(p.grad().defined());
+          EXPECT_TRUE(p.grad().device().is_cpu());
         }
+        if (::testing::Test::HasFailure()) return;
+      }
   });
 }
 
