@@ -50,7 +50,7 @@ using Batches = std::vector<std::pair<torch::Tensor, torch::Tensor>>;
 
 // The default context: one training program's state.
 struct Training {
-  fsdpp::ProcessGroup world, group;
+  fsdpp::ProcessGroup world, group, tp_group;
   int rank, r, n, k;
   ModelArgs args;
   torch::nn::Sequential model, model2, plain_model, net;
