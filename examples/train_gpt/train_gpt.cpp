@@ -147,7 +147,7 @@ std::optional<SavedStep> checkpoint_to_resume(const Config& c, int rank) {
 // Loads model, optimizer, data position and step from `saved` (any world size).
 void load_training_state(Model& model, torch::optim::Optimizer& opt, BatchSampler& sampler, const SavedStep& saved) {
   fsdpp::StateDict model_sd = fsdpp::get_model_state_dict(model);
-  fsdpp::NamedOptimizerStateDict osd = ckpt::optim_state_dict_to_load(ckpt::read_metadata(saved.dir), model_sd, "optim.");
+  fsdpp::OptimizerStateDict osd = ckpt::optim_state_dict_to_load(ckpt::read_metadata(saved.dir), model_sd, "optim.");
   ckpt::State state = ckpt::to_state(model_sd, "model.");
   state.merge(ckpt::to_state(osd, "optim."));
   state["sampler"] = ckpt::Entry::bytes("");

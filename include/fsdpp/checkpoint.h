@@ -21,7 +21,7 @@ class ModuleHolder;
 
 namespace fsdpp {
 class StateDict;        // <fsdpp/state_dict.h>
-struct NamedOptimizerStateDict;  // <fsdpp/optim_state_dict.h>
+struct OptimizerStateDict;  // <fsdpp/optimizer_state_dict.h>
 }  // namespace fsdpp
 
 namespace fsdpp::checkpoint {
@@ -132,15 +132,15 @@ void load(StateDict& sd, const std::string& dir, const LoadOptions& options = {}
 // (tensors as in the dict: whole or the rank's rows), prefix + "param_groups.<g>.params" (the
 // parameter keys joined by '\n') and prefix + "param_groups.<g>.options" (bytes: libtorch's
 // serialization of the group's options).
-State to_state(const NamedOptimizerStateDict& osd, const std::string& prefix);
+State to_state(const OptimizerStateDict& osd, const std::string& prefix);
 struct Metadata;
 // The optimizer state dict to load what to_state(osd, prefix) saved into, for a fresh optimizer
 // (which has no state yet): for each parameter of `model_sd` (the model's SHARDED or FULL state
 // dict), every state entry the checkpoint records for it, allocated and sharded like the
 // parameter (whole when shaped otherwise, e.g. "step"), and the param groups as saved. Fill it
 // with load(to_state(result, prefix), ...), then hand it to set_optimizer_state_dict.
-NamedOptimizerStateDict optim_state_dict_to_load(const Metadata& metadata, const StateDict& model_sd,
-                                        const std::string& prefix);
+OptimizerStateDict optim_state_dict_to_load(const Metadata& metadata, const StateDict& model_sd,
+                                            const std::string& prefix);
 
 // The metadata file, parsed (see docs/checkpoint-format.md).
 struct ChunkInfo {

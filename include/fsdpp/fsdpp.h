@@ -14,6 +14,7 @@
 #include <fsdpp/memory.h>
 #include <fsdpp/mixed_precision_policy.h>
 #include <fsdpp/optim_state_dict.h>
+#include <fsdpp/optimizer_state_dict.h>
 #include <fsdpp/placement.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/profiler.h>

@@ -23,7 +23,7 @@
 #include <torch/serialize/archive.h>
 
 #include <fsdpp/error.h>
-#include <fsdpp/indexed_optimizer_state_dict.h>
+#include <fsdpp/optimizer_state_dict.h>
 #include <fsdpp/join.h>
 #include <fsdpp/optimizer_traits.h>
 #include <fsdpp/process_group.h>
@@ -67,17 +67,17 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   // Gathers the optimizer state of all partitions on group rank `to` (collective). state_dict()
   // is then available on that rank until the next step, load_state_dict or add_param_group.
   void consolidate_state_dict(int to = 0);
-  // The consolidated state (libtorch layout; indices as in param_groups()). Throws on a rank
+  // The consolidated state (positional keys "0", "1", ... as in param_groups()). Throws on a rank
   // that did not consolidate, or when the consolidated state went stale.
-  IndexedOptimizerStateDict state_dict() const;
+  OptimizerStateDict state_dict() const;
   // Restores state and options (the loaded options win over the constructor's) from a state
   // dict of the whole optimizer, saved at any world size (or by a plain optimizer with the same
   // param groups). Local, no communication. Validates everything first (group and parameter
   // counts, option and state types, state tensor shapes) and changes nothing on error.
-  void load_state_dict(const IndexedOptimizerStateDict& state_dict);
-  // Parses bytes written by IndexedOptimizerStateDict::to_bytes (or torch::save of an optimizer of
+  void load_state_dict(const OptimizerStateDict& state_dict);
+  // Parses bytes written by OptimizerStateDict::to_bytes (or torch::save of an optimizer of
   // this type) with this optimizer's types.
-  IndexedOptimizerStateDict state_dict_from_bytes(const std::string& bytes) const;
+  OptimizerStateDict state_dict_from_bytes(const std::string& bytes) const;
 
   // torch::save(zero, ...) / torch::load(zero, ...): save needs a consolidated state dict on
   // this rank; load is load_state_dict.
@@ -151,7 +151,6 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
       std::vector<torch::optim::OptimizerParamGroup> groups) const = 0;
   virtual std::unique_ptr<torch::optim::OptimizerParamState> new_param_state() const = 0;
   virtual bool options_compatible(const torch::optim::OptimizerOptions& options) const = 0;
-  virtual bool state_compatible(const torch::optim::OptimizerParamState& state) const = 0;
   virtual std::string options_type_name() const = 0;
   // dst := src, in place when both are exactly the options type (keeps references valid).
   virtual void assign_options(torch::optim::OptimizerParamGroup& dst, const torch::optim::OptimizerOptions& src) const = 0;
@@ -190,7 +189,7 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   std::vector<int64_t> rank_sizes_;  // elements assigned to each rank so far
   std::vector<std::vector<int64_t>> rank_params_;
   std::vector<torch::Tensor> buckets_;
-  std::unique_ptr<IndexedOptimizerStateDict> consolidated_;
+  std::unique_ptr<OptimizerStateDict> consolidated_;
   std::string consolidated_stale_;  // why consolidated_ went stale, if it did
   int64_t steps_ = 0;
   std::vector<std::vector<int64_t>> bucket_params_;  // overlap_with_ddp: parameter indices per bucket
@@ -250,9 +249,6 @@ class ZeroRedundancyOptimizer : public ZeroRedundancyOptimizerBase {
     return std::make_unique<ParamState>();
   }
   bool options_compatible(const torch::optim::OptimizerOptions& options) const override { return is_options(options); }
-  bool state_compatible(const torch::optim::OptimizerParamState& state) const override {
-    return dynamic_cast<const ParamState*>(&state) != nullptr;
-  }
   std::string options_type_name() const override { return options_name(); }
   void assign_options(torch::optim::OptimizerParamGroup& dst, const torch::optim::OptimizerOptions& src) const override {
     if (dst.has_options() && typeid(dst.options()) == typeid(Options) && typeid(src) == typeid(Options))

@@ -20,7 +20,7 @@ std::string group_key(const std::string& prefix, size_t g, const char* what) {
 
 }  // namespace
 
-State to_state(const NamedOptimizerStateDict& osd, const std::string& prefix) {
+State to_state(const OptimizerStateDict& osd, const std::string& prefix) {
   if (osd.rank0_only_placeholder)
     throw Error("checkpoint: the optimizer state dict is the empty placeholder of a rank0_only FULL dict; "
                 "save a SHARDED one (every rank) instead");
@@ -37,8 +37,8 @@ State to_state(const NamedOptimizerStateDict& osd, const std::string& prefix) {
   return state;
 }
 
-NamedOptimizerStateDict optim_state_dict_to_load(const Metadata& m, const StateDict& model_sd, const std::string& prefix) {
-  NamedOptimizerStateDict osd;
+OptimizerStateDict optim_state_dict_to_load(const Metadata& m, const StateDict& model_sd, const std::string& prefix) {
+  OptimizerStateDict osd;
   bool sharded = false;
   for (const auto& [param, value] : model_sd) {
     const std::string start = prefix + "state." + param + ".";
@@ -69,7 +69,7 @@ NamedOptimizerStateDict optim_state_dict_to_load(const Metadata& m, const StateD
     auto params = m.entries.find(group_key(prefix, g, "params"));
     auto options = m.entries.find(group_key(prefix, g, "options"));
     if (params == m.entries.end() || options == m.entries.end()) break;
-    NamedOptimizerStateDict::ParamGroup group;
+    OptimizerStateDict::ParamGroup group;
     std::istringstream in(params->second.value.to_string());
     for (std::string key; std::getline(in, key);) group.params.push_back(key);
     group.options_bytes = options->second.value.to_string();

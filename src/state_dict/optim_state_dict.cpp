@@ -73,7 +73,7 @@ struct LoadPlan {
 };
 
 // Check: refuse what this function cannot load at all.
-void check_request(const NamedOptimizerStateDict& sd, const StateDictOptions& options, const std::string& api) {
+void check_request(const OptimizerStateDict& sd, const StateDictOptions& options, const std::string& api) {
   if (sd.rank0_only_placeholder)
     throw Error(api + ": this rank was given the empty dict that a FULL optimizer state dict with cpu_offload gives "
                 "ranks other than 0; load rank 0's dict (e.g. from its file) on every rank");
@@ -97,7 +97,7 @@ void check_group_keys(std::vector<std::string> keys, std::vector<std::string> gi
 
 // Group g's options in the optimizer's own type: typed when the dict holds that type, else
 // parsed from the dict's bytes.
-std::unique_ptr<torch::optim::OptimizerOptions> options_for(const NamedOptimizerStateDict::ParamGroup& given,
+std::unique_ptr<torch::optim::OptimizerOptions> options_for(const OptimizerStateDict::ParamGroup& given,
                                                             const torch::optim::OptimizerOptions& current, size_t g,
                                                             const std::string& api) {
   if (given.options && typeid(*given.options) == typeid(current)) return given.options->clone();
@@ -114,7 +114,7 @@ std::unique_ptr<torch::optim::OptimizerOptions> options_for(const NamedOptimizer
 
 // Plan: the optimizer's parameters matched to the dict's keys, group by group, and the options.
 // Local; throws before anything changed.
-LoadPlan plan_load(const torch::optim::Optimizer& optim, const NamedOptimizerStateDict& sd,
+LoadPlan plan_load(const torch::optim::Optimizer& optim, const OptimizerStateDict& sd,
                    const std::unordered_map<const c10::TensorImpl*, ParamInfo>& by_impl, const std::string& api) {
   if (sd.param_groups.size() != optim.param_groups().size())
     throw Error(api + ": the state dict has " + std::to_string(sd.param_groups.size()) +
@@ -215,12 +215,8 @@ void commit(torch::optim::Optimizer& optim, LoadPlan& plan,
 
 }  // namespace
 
-std::string NamedOptimizerStateDict::ParamGroup::serialized_options() const {
-  return options ? detail::options_to_bytes(*options) : options_bytes;
-}
-
-NamedOptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torch::optim::Optimizer& optim,
-                                        const StateDictOptions& options) {
+OptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torch::optim::Optimizer& optim,
+                                            const StateDictOptions& options) {
   const std::string api = "get_optimizer_state_dict";
   const OptimizerStateTraits& traits = detail::optimizer_state_traits(optim);
   const bool full = options.full_state_dict_, offload = options.cpu_offload_;
@@ -229,11 +225,11 @@ NamedOptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const
   auto by_impl = params_by_impl(layout);
   const auto& names = traits.entries;
 
-  NamedOptimizerStateDict sd;
+  OptimizerStateDict sd;
   sd.type = full ? StateDictType::FULL_STATE_DICT : StateDictType::SHARDED_STATE_DICT;
   for (size_t g = 0; g < optim.param_groups().size(); ++g) {
     const auto& group = optim.param_groups()[g];
-    NamedOptimizerStateDict::ParamGroup out;
+    OptimizerStateDict::ParamGroup out;
     out.options = std::shared_ptr<torch::optim::OptimizerOptions>(group.options().clone());
     for (size_t i = 0; i < group.params().size(); ++i) {
       const at::Tensor& p = group.params()[i];
@@ -290,7 +286,7 @@ NamedOptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const
     } catch (const Error&) {
     }
     if (rank != 0) {
-      NamedOptimizerStateDict empty;
+      OptimizerStateDict empty;
       empty.type = sd.type;
       empty.rank0_only_placeholder = true;
       return empty;
@@ -299,7 +295,7 @@ NamedOptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const
   return sd;
 }
 
-void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer& optim, const NamedOptimizerStateDict& sd,
+void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer& optim, const OptimizerStateDict& sd,
                               const StateDictOptions& options) {
   const std::string api = "set_optimizer_state_dict";
   check_request(sd, options, api);
@@ -322,73 +318,12 @@ void init_optimizer_state(torch::optim::Optimizer& optim) {
     }
 }
 
-StateDict flatten_optimizer_state(const NamedOptimizerStateDict& osd) {
+StateDict flatten_optimizer_state(const OptimizerStateDict& osd) {
   StateDict flat;
   flat.type = osd.type;
   for (const auto& [key, entries] : osd.state)
     for (const auto& [name, value] : entries) flat.insert("state." + key + "." + name, value);
   return flat;
-}
-
-// ---- torch::save / torch::load --------------------------------------------------------------
-
-void operator<<(torch::serialize::OutputArchive& archive, const NamedOptimizerStateDict& sd) {
-  c10::List<std::string> keys;
-  int64_t i = 0;
-  for (const auto& [key, entries] : sd.state) {
-    keys.push_back(key);
-    torch::serialize::OutputArchive sub(archive.compilation_unit());
-    try {
-      sub << entries;
-    } catch (const Error& e) {
-      throw Error("saving the optimizer state of '" + key + "': " + e.what());
-    }
-    archive.write("s" + std::to_string(i++), sub);
-  }
-  archive.write("fsdpp_optim_state_keys", c10::IValue(keys));
-  archive.write("fsdpp_optim_param_groups", c10::IValue(static_cast<int64_t>(sd.param_groups.size())));
-  for (size_t g = 0; g < sd.param_groups.size(); ++g) {
-    const auto& group = sd.param_groups[g];
-    torch::serialize::OutputArchive sub(archive.compilation_unit());
-    c10::List<std::string> params;
-    for (const auto& p : group.params) params.push_back(p);
-    sub.write("params", c10::IValue(params));
-    const std::string bytes = group.serialized_options();
-    at::Tensor blob = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-    std::memcpy(blob.data_ptr(), bytes.data(), bytes.size());
-    sub.write("options", blob);
-    archive.write("g" + std::to_string(g), sub);
-  }
-}
-
-void operator>>(torch::serialize::InputArchive& archive, NamedOptimizerStateDict& sd) {
-  c10::IValue keys, groups;
-  if (!archive.try_read("fsdpp_optim_state_keys", keys) || !archive.try_read("fsdpp_optim_param_groups", groups))
-    throw Error("loading an optimizer state dict with torch::load: not written from an fsdpp::NamedOptimizerStateDict");
-  NamedOptimizerStateDict out;
-  out.type = StateDictType::FULL_STATE_DICT;
-  int64_t i = 0;
-  for (const auto& k : keys.toListRef()) {
-    torch::serialize::InputArchive sub;
-    archive.read("s" + std::to_string(i++), sub);
-    StateDict entries;
-    sub >> entries;
-    out.state.emplace(k.toStringRef(), std::move(entries));
-  }
-  for (int64_t g = 0; g < groups.toInt(); ++g) {
-    torch::serialize::InputArchive sub;
-    archive.read("g" + std::to_string(g), sub);
-    NamedOptimizerStateDict::ParamGroup group;
-    c10::IValue params;
-    sub.read("params", params);
-    for (const auto& p : params.toListRef()) group.params.push_back(p.toStringRef());
-    at::Tensor blob;
-    sub.read("options", blob);
-    blob = blob.contiguous();
-    group.options_bytes.assign(static_cast<const char*>(blob.data_ptr()), static_cast<size_t>(blob.numel()));
-    out.param_groups.push_back(std::move(group));
-  }
-  sd = std::move(out);
 }
 
 }  // namespace fsdpp

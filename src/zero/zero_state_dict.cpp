@@ -75,12 +75,12 @@ void ZeroRedundancyOptimizerBase::consolidate_state_dict(int to) {
   consolidated_stale_.clear();
   if (rank_ != to) return;
 
-  auto sd = std::make_unique<IndexedOptimizerStateDict>();
+  auto sd = std::make_unique<OptimizerStateDict>();
   int64_t index = 0;
   for (const auto& group : param_groups_) {
-    IndexedOptimizerStateDict::ParamGroup g;
+    OptimizerStateDict::ParamGroup g;
     g.options = group.options().clone();
-    for (size_t j = 0; j < group.params().size(); ++j) g.params.push_back(index++);
+    for (size_t j = 0; j < group.params().size(); ++j) g.params.push_back(std::to_string(index++));
     sd->param_groups.push_back(std::move(g));
   }
   for (int r = 0; r < world_size_; ++r) {
@@ -94,13 +94,13 @@ void ZeroRedundancyOptimizerBase::consolidate_state_dict(int to) {
       states.read(key, entry);
       auto st = new_param_state();
       st->serialize(entry);
-      sd->state[std::stoll(key)] = std::move(st);
+      sd->state[key] = detail::param_state_entries(*st);
     }
   }
   consolidated_ = std::move(sd);
 }
 
-IndexedOptimizerStateDict ZeroRedundancyOptimizerBase::state_dict() const {
+OptimizerStateDict ZeroRedundancyOptimizerBase::state_dict() const {
   if (!consolidated_) {
     const std::string who = "rank " + std::to_string(rank_) + " of process group " + group_.name();
     if (!consolidated_stale_.empty())
@@ -113,64 +113,65 @@ IndexedOptimizerStateDict ZeroRedundancyOptimizerBase::state_dict() const {
   return *consolidated_;
 }
 
-void ZeroRedundancyOptimizerBase::load_state_dict(const IndexedOptimizerStateDict& sd) {
+void ZeroRedundancyOptimizerBase::load_state_dict(const OptimizerStateDict& sd) {
   const std::string ctx = "load_state_dict: ";
   if (sd.param_groups.size() != param_groups_.size())
     throw Error(ctx + "the state dict has " + std::to_string(sd.param_groups.size()) +
                 " parameter groups, this optimizer has " + std::to_string(param_groups_.size()));
-  // State-dict parameter index -> this optimizer's parameter index (by position, as libtorch).
-  std::unordered_map<int64_t, int64_t> index_of;
+  // State-dict parameter key -> this optimizer's parameter index (by position, as libtorch).
+  std::unordered_map<std::string, int64_t> index_of;
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
   int64_t ours = 0;
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     const auto& sg = sd.param_groups[g];
+    const std::string group = "parameter group " + std::to_string(g);
     if (sg.params.size() != param_groups_[g].params().size())
-      throw Error(ctx + "parameter group " + std::to_string(g) + " has " + std::to_string(sg.params.size()) +
-                  " parameters in the state dict, " + std::to_string(param_groups_[g].params().size()) +
-                  " in this optimizer");
-    if (!sg.options) throw Error(ctx + "parameter group " + std::to_string(g) + " of the state dict has no options");
-    if (!options_compatible(*sg.options))
-      throw Error(ctx + "parameter group " + std::to_string(g) + " has options of type " +
-                  detail::demangled(typeid(*sg.options)) + ", this optimizer uses " + options_type_name());
-    for (int64_t key : sg.params)
+      throw Error(ctx + group + " has " + std::to_string(sg.params.size()) + " parameters in the state dict, " +
+                  std::to_string(param_groups_[g].params().size()) + " in this optimizer");
+    if (sg.options) {
+      if (!options_compatible(*sg.options))
+        throw Error(ctx + group + " has options of type " + detail::demangled(typeid(*sg.options)) +
+                    ", this optimizer uses " + options_type_name());
+      options.push_back(sg.options->clone());
+    } else if (!sg.options_bytes.empty()) {
+      // Read with torch::load: the options are libtorch's bytes, parsed as this optimizer's type.
+      try {
+        options.push_back(detail::options_from_bytes(defaults(), sg.options_bytes));
+      } catch (const c10::Error& e) {
+        throw Error(ctx + "the options of " + group + " do not read as " + options_type_name() + ": " +
+                    e.what_without_backtrace());
+      }
+    } else {
+      throw Error(ctx + group + " of the state dict has no options");
+    }
+    for (const std::string& key : sg.params)
       if (!index_of.emplace(key, ours++).second)
-        throw Error(ctx + "the state dict lists parameter " + std::to_string(key) + " twice");
+        throw Error(ctx + "the state dict lists parameter " + key + " twice");
   }
 
   // Validate every entry (on every rank, so all ranks agree on errors), keep this rank's.
   std::remove_reference_t<decltype(local_->state())> local_state;
-  for (const auto& [key, st] : sd.state) {
+  for (const auto& [key, entries] : sd.state) {
     auto it = index_of.find(key);
     if (it == index_of.end())
-      throw Error(ctx + "the state dict has state for parameter " + std::to_string(key) +
-                  ", which none of its parameter groups lists");
+      throw Error(ctx + "the state dict has state for parameter " + key + ", which none of its parameter groups lists");
     const int64_t i = it->second;
     const torch::Tensor& p = all_params_[i];
     const std::string name = "parameter " + std::to_string(i) + " (group " + std::to_string(group_of_[i]) + ", shape " +
                              shape_string(p.sizes()) + ")";
-    if (!st) throw Error(ctx + "the state of " + name + " is null");
-    if (!state_compatible(*st))
-      throw Error(ctx + "the state of " + name + " is a " + detail::demangled(typeid(*st)) + ", this optimizer keeps " +
-                  detail::demangled(typeid(*new_param_state())));
-    // Round trip through an archive: lists the state's tensors and moves them to the
-    // parameter's device.
-    std::unique_ptr<OptimizerParamState> fresh = new_param_state();
+    for (const auto& [field, value] : entries)
+      if (!value.is_tensor())
+        throw Error(ctx + "the state '" + field + "' of " + name + " is a ShardedTensor (a sharded state dict " +
+                    "loads with set_optimizer_state_dict)");
+    std::unique_ptr<OptimizerParamState> fresh;
     try {
-      OutputArchive out;
-      st->serialize(out);
-      std::ostringstream bytes;
-      out.save_to(bytes);
-      InputArchive in;
-      std::istringstream stream(bytes.str());
-      in.load_from(stream, p.device());
-      for (const std::string& field : in.keys()) {
-        c10::IValue value;
-        if (!in.try_read(field, value) || !value.isTensor()) continue;
-        const at::Tensor t = value.toTensor();
-        if (t.dim() > 0 && t.sizes() != p.sizes())
-          throw Error(ctx + "the state '" + field + "' of " + name + " has shape " + shape_string(t.sizes()) +
-                      ", not the parameter's");
-      }
-      fresh->serialize(in);
+      fresh = detail::param_state_from_entries(entries, new_param_state(), p.device(),
+                                               [&](const std::string& field, const at::Tensor& t) {
+                                                 if (t.dim() > 0 && t.sizes() != p.sizes())
+                                                   throw Error(ctx + "the state '" + field + "' of " + name +
+                                                               " has shape " + shape_string(t.sizes()) +
+                                                               ", not the parameter's");
+                                               });
     } catch (const c10::Error& e) {
       throw Error(ctx + "cannot read the state of " + name + ": " + e.what_without_backtrace());
     }
@@ -181,20 +182,20 @@ void ZeroRedundancyOptimizerBase::load_state_dict(const IndexedOptimizerStateDic
   local_->state() = std::move(local_state);
   auto& local_groups = local_->param_groups();
   for (size_t g = 0; g < param_groups_.size(); ++g) {
-    assign_options(param_groups_[g], *sd.param_groups[g].options);
-    assign_options(local_groups[g], *sd.param_groups[g].options);
+    assign_options(param_groups_[g], *options[g]);
+    assign_options(local_groups[g], *options[g]);
   }
   invalidate_consolidated("load_state_dict() ran after consolidate_state_dict()");
 }
 
-IndexedOptimizerStateDict ZeroRedundancyOptimizerBase::state_dict_from_bytes(const std::string& bytes) const {
-  return IndexedOptimizerStateDict::from_bytes(bytes, defaults(), [this] { return new_param_state(); });
+OptimizerStateDict ZeroRedundancyOptimizerBase::state_dict_from_bytes(const std::string& bytes) const {
+  return OptimizerStateDict::from_bytes(bytes, defaults(), [this] { return new_param_state(); });
 }
 
 void ZeroRedundancyOptimizerBase::save(OutputArchive& archive) const { state_dict().save(archive); }
 
 void ZeroRedundancyOptimizerBase::load(InputArchive& archive) {
-  load_state_dict(IndexedOptimizerStateDict::load(archive, defaults(), [this] { return new_param_state(); }));
+  load_state_dict(OptimizerStateDict::load(archive, defaults(), [this] { return new_param_state(); }));
 }
 
 void ZeroRedundancyOptimizerBase::invalidate_consolidated(const std::string& why) {

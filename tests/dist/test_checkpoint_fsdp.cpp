@@ -313,7 +313,7 @@ TEST_P(CheckpointResume, ModelOptimizerAndStep) {
       FSDPSequential model = fsdp_net(group_m);
       torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.5));
       StateDict model_sd = get_model_state_dict(model);
-      NamedOptimizerStateDict osd = ckpt::optim_state_dict_to_load(ckpt::read_metadata(dir), model_sd, "optim.");
+      OptimizerStateDict osd = ckpt::optim_state_dict_to_load(ckpt::read_metadata(dir), model_sd, "optim.");
       ckpt::State state = ckpt::to_state(model_sd, "model.");
       state.merge(ckpt::to_state(osd, "optim."));
       state["step"] = int64_t{0};

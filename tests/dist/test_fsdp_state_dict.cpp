@@ -948,7 +948,7 @@ torch::optim::AdamOptions adam_options() { return torch::optim::AdamOptions(1e-2
 
 // The FULL optimizer state dict of an FSDP model equals the reference optimizer's state, keyed
 // by the plain parameter names; a SHARDED one holds this rank's rows.
-TEST_P(FSDPStateDict, NamedOptimizerStateDictFullAndSharded) {
+TEST_P(FSDPStateDict, OptimizerStateDictFullAndSharded) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     Net ref = make_net(Wrap::kNone);
     torch::optim::Adam ref_opt(ref.module->parameters(), adam_options());
@@ -957,7 +957,7 @@ TEST_P(FSDPStateDict, NamedOptimizerStateDictFullAndSharded) {
       Net net = make_net(wrap);
       torch::optim::Adam opt(net.module->parameters(), adam_options());
       train_with(net, opt, 0, 3, ctx.rank, ctx.world_size);
-      NamedOptimizerStateDict osd = get_optimizer_state_dict(*net.module, opt, StateDictOptions().full_state_dict(true));
+      OptimizerStateDict osd = get_optimizer_state_dict(*net.module, opt, StateDictOptions().full_state_dict(true));
       ASSERT_EQ(osd.param_groups.size(), 1u);
       EXPECT_EQ(osd.param_groups[0].params, kNetParamKeys);
       ASSERT_EQ(osd.state.size(), kNetParamKeys.size());
@@ -973,7 +973,7 @@ TEST_P(FSDPStateDict, NamedOptimizerStateDictFullAndSharded) {
       }
       // SHARDED: each FSDP parameter's state as its rows; round trip into a fresh optimizer
       // continues exactly as the original.
-      NamedOptimizerStateDict sharded = get_optimizer_state_dict(*net.module, opt);
+      OptimizerStateDict sharded = get_optimizer_state_dict(*net.module, opt);
       const auto& exp_avg = sharded.state.at("3.weight").at("exp_avg");
       ASSERT_TRUE(exp_avg.is_sharded());
       EXPECT_TRUE(at::equal(exp_avg.sharded_tensor().full_tensor(), osd.state.at("3.weight").at("exp_avg").tensor()));
@@ -993,7 +993,7 @@ TEST_P(FSDPStateDict, NamedOptimizerStateDictFullAndSharded) {
 
 // A fresh optimizer's state, initialized, is a template a checkpoint load fills in place
 // through the flattened view; loading it continues training exactly as the original.
-TEST_P(FSDPStateDict, NamedOptimizerStateDictInitAndFlattenForInPlaceLoad) {
+TEST_P(FSDPStateDict, OptimizerStateDictInitAndFlattenForInPlaceLoad) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     Net net = make_net(Wrap::kNested);
     torch::optim::Adam opt(net.module->parameters(), adam_options());
@@ -1005,7 +1005,7 @@ TEST_P(FSDPStateDict, NamedOptimizerStateDictInitAndFlattenForInPlaceLoad) {
     set_model_state_dict(*twin.module, model_sd);
     torch::optim::Adam twin_opt(twin.module->parameters(), adam_options());
     init_optimizer_state(twin_opt);
-    NamedOptimizerStateDict osd = get_optimizer_state_dict(*twin.module, twin_opt);
+    OptimizerStateDict osd = get_optimizer_state_dict(*twin.module, twin_opt);
     EXPECT_EQ(osd.state.size(), kNetParamKeys.size());
     StateDict flat = flatten_optimizer_state(osd);
     EXPECT_EQ(flat.keys(), saved.keys());
@@ -1042,7 +1042,7 @@ TEST_P(FSDPStateDict, NamedOptimizerStateDictInitAndFlattenForInPlaceLoad) {
 // tolerance as above: the ranks sum gradients in another order).
 int resume_world_size(int n) { return n == 1 ? 2 : n == 2 ? 3 : n == 3 ? 1 : 2; }
 
-TEST_P(FSDPStateDict, NamedOptimizerStateDictResumeAcrossWorldSizes) {
+TEST_P(FSDPStateDict, OptimizerStateDictResumeAcrossWorldSizes) {
   const int n = GetParam(), m = resume_world_size(n);
   run_ranks(std::max(n, m), [n, m](RankContext& ctx) {
     std::vector<int> first_n, first_m;
@@ -1056,7 +1056,7 @@ TEST_P(FSDPStateDict, NamedOptimizerStateDictResumeAcrossWorldSizes) {
       torch::optim::Adam opt(net.module->parameters(), adam_options());
       train_with(net, opt, 0, 3, ctx.rank, n);
       StateDict sd = get_model_state_dict(*net.module, StateDictOptions().full_state_dict(true).cpu_offload(true));
-      NamedOptimizerStateDict osd = get_optimizer_state_dict(*net.module, opt, StateDictOptions().full_state_dict(true).cpu_offload(true));
+      OptimizerStateDict osd = get_optimizer_state_dict(*net.module, opt, StateDictOptions().full_state_dict(true).cpu_offload(true));
       if (ctx.rank == 0) {
         torch::save(sd, model_path);
         torch::save(osd, optim_path);
@@ -1070,7 +1070,7 @@ TEST_P(FSDPStateDict, NamedOptimizerStateDictResumeAcrossWorldSizes) {
       zero_model(*net.module);
       torch::optim::Adam opt(net.module->parameters(), torch::optim::AdamOptions(0.5));
       StateDict sd;
-      NamedOptimizerStateDict osd;
+      OptimizerStateDict osd;
       torch::load(sd, model_path);
       torch::load(osd, optim_path);
       set_model_state_dict(*net.module, sd);
@@ -1087,15 +1087,15 @@ TEST_P(FSDPStateDict, NamedOptimizerStateDictResumeAcrossWorldSizes) {
 }
 
 // Bad optimizer state dicts: named errors, the optimizer unchanged.
-TEST_P(FSDPStateDict, NamedOptimizerStateDictErrors) {
+TEST_P(FSDPStateDict, OptimizerStateDictErrors) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     Net net = make_net(Wrap::kNested);
     torch::optim::Adam opt(net.module->parameters(), adam_options());
     train_with(net, opt, 0, 1, ctx.rank, ctx.world_size);
-    NamedOptimizerStateDict good = get_optimizer_state_dict(*net.module, opt, StateDictOptions().full_state_dict(true));
+    OptimizerStateDict good = get_optimizer_state_dict(*net.module, opt, StateDictOptions().full_state_dict(true));
     auto state_of = [&] { return get_optimizer_state_dict(*net.module, opt, StateDictOptions().full_state_dict(true)); };
     {
-      NamedOptimizerStateDict bad = good;
+      OptimizerStateDict bad = good;
       bad.state.at("3.weight").set("exp_avg", torch::zeros({2, 2}));
       const std::string e = error_of([&] { set_optimizer_state_dict(*net.module, opt, bad); });
       EXPECT_NE(e.find("'3.weight' entry 'exp_avg'"), std::string::npos) << e;
@@ -1103,13 +1103,13 @@ TEST_P(FSDPStateDict, NamedOptimizerStateDictErrors) {
       EXPECT_NE(e.find("[15, 15]"), std::string::npos) << e;
     }
     {
-      NamedOptimizerStateDict bad = good;
+      OptimizerStateDict bad = good;
       bad.param_groups[0].params.push_back("9.weight");
       const std::string e = error_of([&] { set_optimizer_state_dict(*net.module, opt, bad); });
       EXPECT_NE(e.find("unexpected '9.weight'"), std::string::npos) << e;
     }
     {
-      NamedOptimizerStateDict bad = good;
+      OptimizerStateDict bad = good;
       bad.state.at("0.bias").set("momentum", torch::zeros({15}));
       const std::string e = error_of([&] { set_optimizer_state_dict(*net.module, opt, bad); });
       EXPECT_NE(e.find("'0.bias' has state entry 'momentum'"), std::string::npos) << e;
@@ -1117,7 +1117,7 @@ TEST_P(FSDPStateDict, NamedOptimizerStateDictErrors) {
     torch::optim::SGD sgd(net.module->parameters(), 0.1);
     EXPECT_NE(error_of([&] { set_optimizer_state_dict(*net.module, sgd, good); }).find("holds torch::optim::AdamOptions"),
               std::string::npos);
-    NamedOptimizerStateDict after = state_of();
+    OptimizerStateDict after = state_of();
     for (const auto& [key, entries] : good.state)
       for (const auto& [name, value] : entries)
         EXPECT_TRUE(at::equal(after.state.at(key).at(name).tensor(), value.tensor())) << key << " " << name;

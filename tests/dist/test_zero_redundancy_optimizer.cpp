@@ -17,6 +17,87 @@
 #include "harness/error_of.h"
 #include "harness/multi_process.h"
 
+// An optimizer that derives directly from torch::optim::Optimizer and only specialises
+// fsdpp::OptimizerTraits: its state has a tensor, an int64 and a double field.
+namespace custom_optim {
+
+struct CountingOptions : torch::optim::OptimizerCloneableOptions<CountingOptions> {
+  CountingOptions(double lr = 0.1) : lr_(lr) {}  // NOLINT: implicit like libtorch's options
+  TORCH_ARG(double, lr);
+
+ public:
+  void serialize(torch::serialize::OutputArchive& archive) const override { _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr); }
+  void serialize(torch::serialize::InputArchive& archive) override { _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr); }
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+};
+
+struct CountingParamState : torch::optim::OptimizerCloneableParamState<CountingParamState> {
+  TORCH_ARG(int64_t, steps) = 0;
+  TORCH_ARG(double, scale) = 1.0;
+  TORCH_ARG(torch::Tensor, total);
+
+ public:
+  void serialize(torch::serialize::OutputArchive& archive) const override {
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(steps);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(scale);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(total);
+  }
+  void serialize(torch::serialize::InputArchive& archive) override {
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(int64_t, steps);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, scale);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, total);
+  }
+};
+
+// p -= lr * scale * (sum of all gradients so far); scale halves every step.
+class Counting : public torch::optim::Optimizer {
+ public:
+  Counting(std::vector<torch::optim::OptimizerParamGroup> groups, CountingOptions defaults)
+      : Optimizer(std::move(groups), std::make_unique<CountingOptions>(defaults)) {}
+  Counting(std::vector<torch::Tensor> params, CountingOptions defaults)
+      : Counting({torch::optim::OptimizerParamGroup(std::move(params))}, defaults) {}
+
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor loss;
+    if (closure) loss = closure();
+    for (auto& group : param_groups()) {
+      const double lr = static_cast<const CountingOptions&>(group.options()).lr();
+      for (auto& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        auto& slot = state()[fsdpp::compat::optimizer_state_key(p)];
+        if (!slot) {
+          auto fresh = std::make_unique<CountingParamState>();
+          fresh->total(torch::zeros_like(p));
+          slot = std::move(fresh);
+        }
+        auto& st = static_cast<CountingParamState&>(*slot);
+        st.steps(st.steps() + 1);
+        st.total().add_(p.grad());
+        p.sub_(st.total() * (lr * st.scale()));
+        st.scale(st.scale() / 2);
+      }
+    }
+    return loss;
+  }
+  // libtorch's base Optimizer saves and loads nothing: each optimizer names its types.
+  void save(torch::serialize::OutputArchive& archive) const override {
+    torch::optim::serialize<CountingParamState, CountingOptions>(archive, *this);
+  }
+  void load(torch::serialize::InputArchive& archive) override {
+    torch::optim::serialize<CountingParamState, CountingOptions>(archive, *this);
+  }
+};
+
+}  // namespace custom_optim
+
+template <>
+struct fsdpp::OptimizerTraits<custom_optim::Counting> {
+  using Options = custom_optim::CountingOptions;
+  using ParamState = custom_optim::CountingParamState;
+};
+
 namespace zero_test {
 namespace {
 
@@ -95,12 +176,23 @@ void average_grads(const std::vector<torch::Tensor>& params, int world_size) {
 
 // Consolidates on group rank `to` and hands the state dict to every rank.
 template <typename O>
-fsdpp::IndexedOptimizerStateDict consolidated_everywhere(ZeRO<O>& zero, int to) {
+fsdpp::OptimizerStateDict consolidated_everywhere(ZeRO<O>& zero, int to) {
   zero.consolidate_state_dict(to);
   std::string bytes;
   if (zero.rank() == to) bytes = zero.state_dict().to_bytes();
   fsdpp::broadcast_bytes(bytes, zero.process_group().global_rank(to), zero.process_group());
   return zero.state_dict_from_bytes(bytes);
+}
+
+// Parameter i's state entries in a positional state dict.
+const fsdpp::StateDict& state_of(const fsdpp::OptimizerStateDict& sd, int64_t i) { return sd.state.at(std::to_string(i)); }
+
+// The same entries with equal tensors (what AdamParamState's operator== compares).
+bool same_state(const fsdpp::StateDict& a, const fsdpp::StateDict& b) {
+  if (a.keys() != b.keys()) return false;
+  for (const auto& [name, value] : a)
+    if (!torch::equal(value.tensor(), b.at(name).tensor())) return false;
+  return true;
 }
 
 std::string save_plain(const torch::optim::Optimizer& o) {
@@ -138,9 +230,9 @@ TEST_P(ZeroRedundancyOptimizer, StateDict) {
     o.zero_grad();
     o.consolidate_state_dict(RECIPIENT_RANK);
     if (ctx.rank == RECIPIENT_RANK) {
-      fsdpp::IndexedOptimizerStateDict sd = o.state_dict();
+      fsdpp::OptimizerStateDict sd = o.state_dict();
       ASSERT_EQ(sd.param_groups.size(), 1u);
-      EXPECT_EQ(sd.param_groups[0].params, std::vector<int64_t>{0});
+      EXPECT_EQ(sd.param_groups[0].params, std::vector<std::string>{"0"});
       const auto& opts = static_cast<const torch::optim::SGDOptions&>(*sd.param_groups[0].options);
       EXPECT_EQ(opts.lr(), 0.1);
       EXPECT_EQ(opts.momentum(), 0.9);
@@ -150,13 +242,13 @@ TEST_P(ZeroRedundancyOptimizer, StateDict) {
       // The state dict's options and param_groups() agree.
       EXPECT_TRUE(opts == static_cast<const torch::optim::SGDOptions&>(o.param_groups()[0].options()));
       ASSERT_EQ(sd.state.size(), 1u);
-      EXPECT_TRUE(torch::equal(static_cast<torch::optim::SGDParamState&>(*sd.state.at(0)).momentum_buffer(),
+      EXPECT_TRUE(torch::equal(state_of(sd, 0).at("momentum_buffer").tensor(),
                                torch::tensor({1.0f})));
     } else {
       std::string m = error_of([&] { o.state_dict(); });
       EXPECT_NE(m.find("holds no consolidated optimizer state; call consolidate_state_dict(to)"), std::string::npos) << m;
     }
-    fsdpp::IndexedOptimizerStateDict state_dict = consolidated_everywhere(o, RECIPIENT_RANK);
+    fsdpp::OptimizerStateDict state_dict = consolidated_everywhere(o, RECIPIENT_RANK);
 
     // Reload into an optimizer made with another lr: the loaded lr wins.
     ZeRO<torch::optim::SGD> o2({x}, torch::optim::SGDOptions(LR2));
@@ -225,27 +317,24 @@ TEST_P(ZeroRedundancyOptimizer, StateDictLibtorchLayout) {
       plain.step();
     }
     expect_same_params(zero_model->parameters(), plain_model->parameters(), "after training");
-    fsdpp::IndexedOptimizerStateDict sd = consolidated_everywhere(zero, 0);
-    fsdpp::IndexedOptimizerStateDict reference = fsdpp::IndexedOptimizerStateDict::from_optimizer(plain);
+    fsdpp::OptimizerStateDict sd = consolidated_everywhere(zero, 0);
+    fsdpp::OptimizerStateDict reference = fsdpp::OptimizerStateDict::from_optimizer(plain);
     if (ctx.rank == 0) {  // torch::save(zero, ...) on the consolidating rank: a plain Adam loads it
       std::ostringstream out;
       torch::save(zero, out);
       auto m = make_mlp({3, 4, 2}, 7);
       torch::optim::Adam from_file(m->parameters(), torch::optim::AdamOptions(0.01));
       load_plain(from_file, out.str());
-      auto ps = m->parameters();
+      const fsdpp::OptimizerStateDict from_file_sd = fsdpp::OptimizerStateDict::from_optimizer(from_file);
       for (int64_t i = 0; i < 4; ++i)
-        EXPECT_TRUE(static_cast<torch::optim::AdamParamState&>(*from_file.state().at(key_of(ps[i]))) ==
-                    static_cast<torch::optim::AdamParamState&>(*reference.state.at(i)))
-            << "torch::save(zero): parameter " << i;
+        EXPECT_TRUE(same_state(state_of(from_file_sd, i), state_of(reference, i))) << "torch::save(zero): parameter " << i;
     }
     ASSERT_EQ(sd.state.size(), 4u);
     ASSERT_EQ(reference.state.size(), 4u);
     for (int64_t i = 0; i < 4; ++i) {
-      auto& a = static_cast<torch::optim::AdamParamState&>(*sd.state.at(i));
-      auto& b = static_cast<torch::optim::AdamParamState&>(*reference.state.at(i));
-      EXPECT_EQ(a.step(), 3);
-      EXPECT_TRUE(a == b) << "state of parameter " << i << " differs from the plain optimizer's";
+      const fsdpp::StateDict& a = state_of(sd, i);
+      EXPECT_EQ(a.at("step").tensor().item<int64_t>(), 3);
+      EXPECT_TRUE(same_state(a, state_of(reference, i))) << "state of parameter " << i << " differs from the plain optimizer's";
     }
 
     // ZeRO -> plain libtorch optimizer, through libtorch's own loader.
@@ -253,10 +342,9 @@ TEST_P(ZeroRedundancyOptimizer, StateDictLibtorchLayout) {
     torch::optim::Adam loaded(other_model->parameters(), torch::optim::AdamOptions(0.01));
     load_plain(loaded, sd.to_bytes());
     auto params = other_model->parameters();
-    for (int64_t i = 0; i < 4; ++i) {
-      auto& a = static_cast<torch::optim::AdamParamState&>(*loaded.state().at(key_of(params[i])));
-      EXPECT_TRUE(a == static_cast<torch::optim::AdamParamState&>(*reference.state.at(i))) << "parameter " << i;
-    }
+    const fsdpp::OptimizerStateDict loaded_sd = fsdpp::OptimizerStateDict::from_optimizer(loaded);
+    for (int64_t i = 0; i < 4; ++i)
+      EXPECT_TRUE(same_state(state_of(loaded_sd, i), state_of(reference, i))) << "parameter " << i;
 
     // Plain libtorch optimizer -> ZeRO (torch::load into ZeRO reads torch::save's archive).
     auto resumed_model = make_mlp({3, 4, 2}, 7);
@@ -304,7 +392,7 @@ TEST_P(ZeroRedundancyOptimizer, LoadStateDictAtAnyRankCount) {
       train(model, zero, input, false);
       train(plain_model, plain, input, true);
     }
-    fsdpp::IndexedOptimizerStateDict sd = consolidated_everywhere(zero, 0);
+    fsdpp::OptimizerStateDict sd = consolidated_everywhere(zero, 0);
 
     std::vector<int> others;
     for (int r = (n > 1 ? 1 : 0); r < n; ++r) others.push_back(r);
@@ -747,7 +835,7 @@ TEST_P(ZeroRedundancyOptimizer, CollectShards) {
     optimizer.consolidate_state_dict(REFERENCE_RANK);
     std::string bytes;
     if (ctx.rank == REFERENCE_RANK) {
-      fsdpp::IndexedOptimizerStateDict sd = optimizer.state_dict();
+      fsdpp::OptimizerStateDict sd = optimizer.state_dict();
       EXPECT_EQ(sd.state.size(), model->parameters().size());
       bytes = sd.to_bytes();
     }
@@ -846,7 +934,7 @@ void local_optimizer_parity(RankContext& ctx, const typename fsdpp::OptimizerTra
   // The state dicts are interchangeable between the local optimizer and ZeRO.
   const int REFERENCE_RANK = 0;
   const std::string local_state = save_plain(local_optimizer);
-  fsdpp::IndexedOptimizerStateDict sharded_state = consolidated_everywhere(sharded_optimizer, REFERENCE_RANK);
+  fsdpp::OptimizerStateDict sharded_state = consolidated_everywhere(sharded_optimizer, REFERENCE_RANK);
   // Cross-load the states, run one step, the models must still agree.
   load_plain(local_optimizer, sharded_state.to_bytes());
   sharded_optimizer.load_state_dict(sharded_optimizer.state_dict_from_bytes(local_state));
@@ -1145,7 +1233,7 @@ TEST_P(ZeroRedundancyOptimizer, LoadStateDictFromAnotherModel) {
       torch::optim::Adam plain(m->parameters(), torch::optim::AdamOptions(0.5));
       for (auto& p : m->parameters()) p.mutable_grad() = torch::ones_like(p);
       plain.step();
-      return fsdpp::IndexedOptimizerStateDict::from_optimizer(plain);
+      return fsdpp::OptimizerStateDict::from_optimizer(plain);
     };
 
     // Wrong number of parameters.
@@ -1157,7 +1245,7 @@ TEST_P(ZeroRedundancyOptimizer, LoadStateDictFromAnotherModel) {
       auto other = make_mlp({3, 4, 2}, 0);
       torch::optim::Adam plain({OptimizerParamGroup(weights_of(other)), OptimizerParamGroup(biases_of(other))},
                                torch::optim::AdamOptions(0.5));
-      e = error_of([&] { zero.load_state_dict(fsdpp::IndexedOptimizerStateDict::from_optimizer(plain)); });
+      e = error_of([&] { zero.load_state_dict(fsdpp::OptimizerStateDict::from_optimizer(plain)); });
       EXPECT_NE(e.find("the state dict has 2 parameter groups, this optimizer has 1"), std::string::npos) << e;
       unchanged("wrong group count");
     }
@@ -1169,13 +1257,13 @@ TEST_P(ZeroRedundancyOptimizer, LoadStateDictFromAnotherModel) {
     unchanged("wrong shapes");
     // Only the last entry is bad (and the options differ): nothing of the rest is applied.
     {
-      fsdpp::IndexedOptimizerStateDict sd = plain_state(make_mlp({3, 4, 2}, 0));
-      static_cast<torch::optim::AdamParamState&>(*sd.state.at(3)).exp_avg(torch::zeros({5}));
+      fsdpp::OptimizerStateDict sd = plain_state(make_mlp({3, 4, 2}, 0));
+      sd.state.at("3").set("exp_avg", torch::zeros({5}));
       e = error_of([&] { zero.load_state_dict(sd); });
       EXPECT_NE(e.find("the state 'exp_avg' of parameter 3 (group 0, shape [2]) has shape [5]"), std::string::npos) << e;
       unchanged("one bad entry");
-      sd.state[7] = sd.state.at(0)->clone();
-      static_cast<torch::optim::AdamParamState&>(*sd.state.at(3)).exp_avg(torch::zeros({2}));
+      sd.state["7"] = sd.state.at("0");
+      sd.state.at("3").set("exp_avg", torch::zeros({2}));
       e = error_of([&] { zero.load_state_dict(sd); });
       EXPECT_NE(e.find("state for parameter 7, which none of its parameter groups lists"), std::string::npos) << e;
       unchanged("unknown parameter");
@@ -1186,7 +1274,7 @@ TEST_P(ZeroRedundancyOptimizer, LoadStateDictFromAnotherModel) {
       torch::optim::SGD sgd(other->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
       for (auto& p : other->parameters()) p.mutable_grad() = torch::ones_like(p);
       sgd.step();
-      e = error_of([&] { zero.load_state_dict(fsdpp::IndexedOptimizerStateDict::from_optimizer(sgd)); });
+      e = error_of([&] { zero.load_state_dict(fsdpp::OptimizerStateDict::from_optimizer(sgd)); });
       EXPECT_NE(e.find("parameter group 0 has options of type torch::optim::SGDOptions, this optimizer uses torch::optim::AdamOptions"),
                 std::string::npos)
           << e;
@@ -1244,6 +1332,58 @@ TEST_P(ZeroRedundancyOptimizer, ClosureThatThrows) {
     ref->forward(input).sum().backward();
     plain.step();
     expect_same_params(model->parameters(), ref->parameters(), "after the failed step");
+    (void)ctx;
+  });
+}
+
+// A custom optimizer with only OptimizerTraits: its state's own fields are the entries, numbers
+// round-trip as numbers (int64 and double), a plain optimizer reads ZeRO's archive, and a resumed
+// ZeRO steps exactly like the uninterrupted one.
+TEST_P(ZeroRedundancyOptimizer, CustomOptimizerStateDictRoundTrip) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    using custom_optim::Counting;
+    using custom_optim::CountingOptions;
+    using custom_optim::CountingParamState;
+    auto model = make_mlp({3, 4, 2}, 0);
+    ZeRO<Counting> zero(model->parameters(), CountingOptions(0.1));
+    auto grads_and_step = [](torch::nn::Sequential& m, torch::optim::Optimizer& o) {
+      for (auto& p : m->parameters()) p.mutable_grad() = torch::ones_like(p);
+      o.step();
+    };
+    for (int i = 0; i < 2; ++i) grads_and_step(model, zero);
+
+    fsdpp::OptimizerStateDict sd = consolidated_everywhere(zero, 0);
+    ASSERT_EQ(sd.state.size(), 4u);
+    for (int64_t i = 0; i < 4; ++i) {
+      const fsdpp::StateDict& st = state_of(sd, i);
+      EXPECT_EQ(st.keys().size(), 3u) << "parameter " << i;
+      EXPECT_EQ(st.at("steps").tensor().item<int64_t>(), 2);
+      EXPECT_EQ(st.at("scale").tensor().item<double>(), 0.25);
+      EXPECT_TRUE(torch::equal(st.at("total").tensor(), torch::full_like(model->parameters()[i], 2.0)));
+    }
+
+    // ZeRO's archive -> a plain optimizer of the custom type, through libtorch's own loader.
+    auto plain_model = make_mlp({3, 4, 2}, 0);
+    Counting plain(plain_model->parameters(), CountingOptions(0.1));
+    load_plain(plain, sd.to_bytes());
+    for (const auto& p : plain_model->parameters()) {
+      const auto& st = static_cast<const CountingParamState&>(*plain.state().at(key_of(p)));
+      EXPECT_EQ(st.steps(), 2);
+      EXPECT_EQ(st.scale(), 0.25);
+    }
+
+    // A fresh ZeRO resumes and steps like the uninterrupted one.
+    auto resumed_model = make_mlp({3, 4, 2}, 0);
+    {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < model->parameters().size(); ++i) resumed_model->parameters()[i].copy_(model->parameters()[i]);
+    }
+    ZeRO<Counting> resumed(resumed_model->parameters(), CountingOptions(0.5));
+    resumed.load_state_dict(sd);
+    EXPECT_EQ(resumed.param_groups()[0].options().get_lr(), 0.1);
+    grads_and_step(model, zero);
+    grads_and_step(resumed_model, resumed);
+    expect_same_params(resumed_model->parameters(), model->parameters(), "after resuming");
     (void)ctx;
   });
 }
