@@ -84,11 +84,16 @@ namespace {
 constexpr const char* kKeys = "fsdpp_state_dict_keys";
 constexpr const char* kType = "fsdpp_state_dict_type";
 
+// The group a ShardedTensor is sharded over (none recorded: the default group).
+ProcessGroup group_of(const ShardedTensor& st) {
+  return st.process_group().defined() ? st.process_group() : default_group();
+}
+
 // A ShardedTensor is this rank's part of a whole: as PyTorch's pickled ShardedTensor, it loads
 // back in a process of the same rank in a default group of the same size, where it is again
 // sharded over the default group. So only ShardedTensors over the whole world are written.
 void check_savable(const std::string& key, const ShardedTensor& st) {
-  const ProcessGroup group = st.process_group().defined() ? st.process_group() : default_group();
+  const ProcessGroup group = group_of(st);
   const ProcessGroup world = default_group();
   if (group.ranks() != world.ranks())
     throw Error("saving a state dict with torch::save: '" + key + "' is a ShardedTensor over process group " +
@@ -100,7 +105,7 @@ void check_savable(const std::string& key, const ShardedTensor& st) {
 // The layout as one int list: dtype, group rank, group size, dims, global size, then per shard
 // its placement, offsets and sizes.
 c10::List<int64_t> layout_of(const ShardedTensor& st) {
-  const ProcessGroup group = st.process_group().defined() ? st.process_group() : default_group();
+  const ProcessGroup group = group_of(st);
   c10::List<int64_t> out;
   for (int64_t v : {static_cast<int64_t>(st.dtype()), int64_t{group.rank()}, int64_t{group.size()}, st.dim()})
     out.push_back(v);

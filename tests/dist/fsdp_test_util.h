@@ -102,12 +102,10 @@ inline void expect_close(const at::Tensor& actual, const at::Tensor& expected, c
 
 struct ParityCase {
   Optim optim = Optim::kAdam;
-  // Rank-dependent sleeps before every all-gather and reduce-scatter, after forward and
-  // before the optimizer step (seed 001's four delay_* options at once).
-  bool delay = false;
   int steps = 10;
   at::ScalarType dtype = at::kFloat;
-  // Seed 001's four delay_* options one by one (`delay` turns all four on).
+  // Seed 001's four delay_* options: rank-dependent sleeps after forward, before every
+  // all-gather and reduce-scatter, and before the optimizer step.
   bool delay_after_forward = false;
   bool delay_before_all_gather = false;
   bool delay_before_reduce_scatter = false;
@@ -124,8 +122,21 @@ struct ParityCase {
     delay_before_optim = mask & 8;
     return *this;
   }
+  // Seed 001's sweep of test_train_parity_multi_group: mask -1 is SGD without delays, 0-15 Adam
+  // with the delay flags of delays(mask). Delays reorder the ranks' collectives within every
+  // step: 4 steps (both ways of zeroing the gradients, twice) keep the 16 combinations affordable
+  // on 2 cores.
+  static ParityCase for_delay_mask(int mask) {
+    ParityCase c;
+    if (mask < 0) {
+      c.optim = Optim::kSGD;
+      return c;
+    }
+    c.delays(mask);
+    if (mask > 0) c.steps = 4;
+    return c;
+  }
   std::string delays_name() const {
-    if (delay) return "delays all";
     return std::string("delays af") + (delay_after_forward ? "1" : "0") + " ag" + (delay_before_all_gather ? "1" : "0") +
            " rs" + (delay_before_reduce_scatter ? "1" : "0") + " opt" + (delay_before_optim ? "1" : "0");
   }
@@ -155,7 +166,7 @@ void check_train_parity(RankContext& ctx, torch::nn::Module& ref, RefForward&& r
       if (reduce_scatter) detail::testing_delays().before_reduce_scatter_ms = 2 * (n - 1 - rank);
     }
     ~DelayGuard() { detail::testing_delays() = {}; }
-  } delays(c.delay || c.delay_before_all_gather, c.delay || c.delay_before_reduce_scatter, rank, n);
+  } delays(c.delay_before_all_gather, c.delay_before_reduce_scatter, rank, n);
   const int64_t local = kGlobalBatch / n;
   for (int step = 0; step < c.steps; ++step) {
     const std::string where = label + " " + name_of(c.optim) + " step " + std::to_string(step);
@@ -182,7 +193,7 @@ void check_train_parity(RankContext& ctx, torch::nn::Module& ref, RefForward&& r
     ref_loss.backward();
 
     at::Tensor loss = (fsdp_forward(x.narrow(0, rank * local, local)) - y.narrow(0, rank * local, local)).pow(2).mean();
-    if (c.delay || c.delay_after_forward) std::this_thread::sleep_for(std::chrono::milliseconds(5 * rank));
+    if (c.delay_after_forward) std::this_thread::sleep_for(std::chrono::milliseconds(5 * rank));
     loss.backward();
     for (size_t i = 0; i < fsdp_params.size(); ++i) {
       const at::Tensor& p = fsdp_params[i];
@@ -191,7 +202,7 @@ void check_train_parity(RankContext& ctx, torch::nn::Module& ref, RefForward&& r
       ASSERT_EQ(p.grad().scalar_type(), c.dtype) << where << " grad " << i;
       expect_close(p.grad(), shard_rows(ref_params[i].grad(), rank, n), where + " grad " + std::to_string(i));
     }
-    if (c.delay || c.delay_before_optim) std::this_thread::sleep_for(std::chrono::milliseconds(5 * (n - 1 - rank)));
+    if (c.delay_before_optim) std::this_thread::sleep_for(std::chrono::milliseconds(5 * (n - 1 - rank)));
     ref_opt->step();
     opt->step();
 
@@ -215,13 +226,6 @@ inline FSDPSequential check_multi_group_parity(RankContext& ctx, const FullyShar
   check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *model,
                      [&](const at::Tensor& x) { return model->forward(x); }, 7, 3, c, label);
   return model;
-}
-inline FSDPSequential check_multi_group_parity(RankContext& ctx, const FullyShardOptions& options, Optim optim,
-                                               bool delay, const std::string& label) {
-  ParityCase c;
-  c.optim = optim;
-  c.delay = delay;
-  return check_multi_group_parity(ctx, options, c, label);
 }
 
 // Seed 001's reshard_after_forward sweep: True, False, and 2 where 2 divides the group size

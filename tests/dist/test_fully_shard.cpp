@@ -81,14 +81,7 @@ TEST_P(FullyShard1DTrainingCore, TrainParityMultiGroup) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     for (const auto& [options, raf] : reshard_after_forward_sweep(ctx.world_size))
       for (int mask = -1; mask < 16; ++mask) {  // -1: SGD, no delays
-        ParityCase c;
-        if (mask < 0)
-          c.optim = Optim::kSGD;
-        else
-          c.delays(mask);
-        // Delays reorder the ranks' collectives within every step: 4 steps (both ways of zeroing
-        // the gradients, twice) keep the 16 combinations x 3 affordable on 2 cores.
-        if (mask > 0) c.steps = 4;
+        const ParityCase c = ParityCase::for_delay_mask(mask);
         FSDPSequential model = check_multi_group_parity(ctx, options, c, raf + " " + c.delays_name());
         auto units = fsdp_units(*model);
         ASSERT_EQ(units.size(), 3u);

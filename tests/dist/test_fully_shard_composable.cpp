@@ -186,7 +186,7 @@ TEST_P(FullyShardAutoWrap, NestedContainersAndParamlessRoot) {
     ASSERT_EQ(units.size(), 4u);  // the root and three Linears
     EXPECT_TRUE(units[0]->sharded_parameter_names().empty());
     check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *model,
-                       [&](const at::Tensor& x) { return model->forward(x); }, 5, 2, ParityCase{Optim::kAdam, false, 5},
+                       [&](const at::Tensor& x) { return model->forward(x); }, 5, 2, ParityCase{Optim::kAdam, 5},
                        "nested");
   });
 }
@@ -220,7 +220,7 @@ TEST_P(FullyShardAutoWrap, ModuleListElementsBecomeTypedUnits) {
     auto model = fully_shard(ListModel(), FullyShardOptions().auto_wrap_policy(ModuleWrapPolicy<torch::nn::LinearImpl>()));
     EXPECT_EQ(fsdp_units(*model).size(), 4u);
     check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *model,
-                       [&](const at::Tensor& x) { return model->forward(x); }, 7, 3, ParityCase{Optim::kAdam, false, 5},
+                       [&](const at::Tensor& x) { return model->forward(x); }, 7, 3, ParityCase{Optim::kAdam, 5},
                        "module list");
   });
 }
@@ -298,7 +298,7 @@ TEST_P(FullyShardReshardAfterForwardInt, TrainParityAndCommPerStep) {
         torch::manual_seed(42);
         FSDPSequential model(make_multi_group(true, options), options);
         check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *model,
-                           [&](const at::Tensor& x) { return model->forward(x); }, 7, 3, ParityCase{optim, delay},
+                           [&](const at::Tensor& x) { return model->forward(x); }, 7, 3, ParityCase{optim}.delays(delay ? 15 : 0),
                            "raf 2 delay " + std::to_string(delay));
         if (::testing::Test::HasFailure()) return;
       }

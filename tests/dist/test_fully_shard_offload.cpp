@@ -51,17 +51,12 @@ std::vector<at::Tensor> train(RankContext& ctx, const FullyShardOptions& options
 // Seed 001 test_train_parity_multi_group_cpu_offload_eager: CPUOffloadPolicy pin_memory T/F x
 // the four delay flags swept independently (the seed's 16 combinations) with Adam, at
 // reshard_after_forward True as the seed, the way FullyShard1DTrainingCore.TrainParityMultiGroup
-// runs them (ParityCase::delays; 10 steps without delays, 4 with); and SGD without delays.
+// runs them (ParityCase::for_delay_mask); and SGD without delays.
 TEST_P(FullyShardCPUOffload, TrainParityMultiGroupCpuOffloadEager) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     for (bool pin_memory : {true, false})
       for (int mask = -1; mask < 16; ++mask) {  // -1: SGD, no delays
-        ParityCase c;
-        if (mask < 0)
-          c.optim = Optim::kSGD;
-        else
-          c.delays(mask);
-        if (mask > 0) c.steps = 4;
+        const ParityCase c = ParityCase::for_delay_mask(mask);
         const auto options =
             FullyShardOptions().reshard_after_forward(true).offload_policy(CPUOffloadPolicy().pin_memory(pin_memory));
         FSDPSequential model =
