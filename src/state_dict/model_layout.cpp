@@ -28,7 +28,7 @@ void visit_module(torch::nn::Module& m, const std::string& prefix, const Owners&
   if (auto* unit = dynamic_cast<FSDPModule*>(&m))
     if (!unit->sharded_parameter_names().empty()) out.units.push_back({prefix + "_flat_param", unit, out.entries.size()});
   for (const auto& item : m.named_parameters(/*recurse=*/false)) {
-    ModelEntry e{prefix + item.key(), item.value(), false, std::nullopt, nullptr};
+    ModelEntry e{prefix + item.key(), item.value(), false, std::nullopt, nullptr, std::nullopt};
     auto it = owners.find(item.value().unsafeGetTensorImpl());
     if (it != owners.end()) {
       e.sharded = it->second.param;
@@ -38,7 +38,7 @@ void visit_module(torch::nn::Module& m, const std::string& prefix, const Owners&
     out.entries.push_back(std::move(e));
   }
   for (const auto& item : m.named_buffers(/*recurse=*/false))
-    out.entries.push_back({prefix + item.key(), item.value(), true, std::nullopt, nullptr});
+    out.entries.push_back({prefix + item.key(), item.value(), true, std::nullopt, nullptr, std::nullopt});
   for (const auto& child : m.named_children())
     visit_module(*child.value(), is_wrapper_segment(child.key()) ? prefix : prefix + child.key() + ".", owners, tp,
                  out);
