@@ -47,14 +47,18 @@ Sequential make_mlp_stack(int64_t dim) {
 
 // MLPStack.parallelize: in_proj column-wise and out_proj row-wise over tp, then each MLP
 // (checkpointed first when asked) and the root fully_shard over dp.
-FSDPSequential make_2d(int64_t dim, const DeviceMesh& mesh, const Case2D& c) {
-  Sequential stack = make_mlp_stack(dim);
+ParallelizePlan mlp_stack_plan(size_t mlps) {
   ParallelizePlan plan;
-  for (size_t i = 0; i < stack->size(); ++i) {
+  for (size_t i = 0; i < mlps; ++i) {
     plan.emplace_back(std::to_string(i) + ".in_proj", ColwiseParallel());
     plan.emplace_back(std::to_string(i) + ".out_proj", RowwiseParallel());
   }
-  parallelize_module(*stack, mesh["tp"], plan);
+  return plan;
+}
+
+FSDPSequential make_2d(int64_t dim, const DeviceMesh& mesh, const Case2D& c) {
+  Sequential stack = make_mlp_stack(dim);
+  parallelize_module(*stack, mesh["tp"], mlp_stack_plan(stack->size()));
   const auto options = FullyShardOptions().mesh(mesh["dp"]).reshard_after_forward(c.reshard_after_forward);
   Sequential seq;
   for (size_t i = 0; i < stack->size(); ++i) {
@@ -202,6 +206,20 @@ TEST(FullyShard2DStateDict, FullStateDictHoldsGlobalValuesAndShardedIsRefused) {
     local.set("0.in_proj.weight", torch::zeros({26, 17}));
     const std::string shape = error_of([&] { set_model_state_dict(fresh, local); });
     EXPECT_NE(shape.find("size mismatch for '0.in_proj.weight'"), std::string::npos) << shape;
+
+    // A TP model without FSDP: its FULL dict holds the global values too (here the initial ones).
+    Sequential tp_only = make_mlp_stack(c.mlp_dim);
+    parallelize_module(*tp_only, mesh["tp"], mlp_stack_plan(tp_only->size()));
+    const StateDict tp_full = get_model_state_dict(tp_only, StateDictOptions().full_state_dict(true));
+    const Sequential initial = make_mlp_stack(c.mlp_dim);
+    ASSERT_EQ(tp_full.keys(), initial->named_parameters().keys());
+    for (const auto& item : initial->named_parameters())
+      EXPECT_TRUE(tp_full.at(item.key()).tensor().equal(item.value())) << item.key();
+    const std::string tp_sharded = error_of([&] { get_model_state_dict(tp_only); });
+    EXPECT_NE(tp_sharded.find("'0.in_proj.weight' is tensor-parallel (global shape [51, 17], Shard(0) over the TP "
+                              "group of 2 ranks); SHARDED_STATE_DICT"),
+              std::string::npos)
+        << tp_sharded;
   });
 }
 
