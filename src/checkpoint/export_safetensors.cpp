@@ -337,6 +337,7 @@ void export_safetensors(torch::nn::Module& model, const std::string& file,
   {
     at::NoGradGuard no_grad;
     const fsdpp::detail::ModelLayout layout = fsdpp::detail::collect_layout(model);
+    fsdpp::detail::refuse_tensor_parallel(layout, "export_safetensors", "export_safetensors", "");
     for (const auto& e : layout.entries) {
       if (e.sharded)
         sd.insert(e.key, e.sharded->layout.to_sharded_tensor(e.sharded->local_shard.detach(), /*copy=*/false));

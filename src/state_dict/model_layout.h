@@ -10,6 +10,7 @@
 #include <torch/nn/module.h>
 
 #include <fsdpp/fully_shard.h>
+#include <fsdpp/tensor_layout.h>
 
 namespace fsdpp::detail {
 
@@ -20,6 +21,9 @@ struct ModelEntry {
   bool is_buffer = false;
   std::optional<ShardedParameter> sharded;  // set when an FSDP unit shards it
   FSDPModule* unit = nullptr;
+  // Set for a tensor-parallel parameter: its global shape and placement over the TP group. An
+  // FSDP unit then shards (and gathers) the TP-local part, whose shape is this layout's local one.
+  std::optional<TensorLayout> tp_layout;
 };
 
 // An FSDP unit that shards parameters, with the key of its LOCAL flat parameter
@@ -36,6 +40,12 @@ struct ModelLayout {
 };
 
 ModelLayout collect_layout(torch::nn::Module& model);
+
+// Throws naming the first tensor-parallel entry: what `api` cannot do for TP (and 2-D FSDP x TP)
+// models yet, rather than giving their TP-local parts as if they were whole.
+// `what` is what is refused ("SHARDED_STATE_DICT"), `instead` what works (may be empty).
+void refuse_tensor_parallel(const ModelLayout& layout, const std::string& api, const std::string& what,
+                            const std::string& instead);
 
 // Each FSDP parameter's full value by its TensorImpl (collective over each unit's group).
 std::unordered_map<const c10::TensorImpl*, at::Tensor> gather_full_params(const ModelLayout& layout);

@@ -156,17 +156,26 @@ StateDict produce(torch::nn::Module& model, StateDictType type, bool offload, bo
   // Without FSDP units every entry is whole: the dict is a FULL one whatever was asked.
   sd.type = layout.units.empty() ? StateDictType::FULL_STATE_DICT : type;
   if (type == StateDictType::FULL_STATE_DICT) {
-    auto full = detail::gather_full_params(layout);  // every rank takes part, rank0_only or not
+    // Every rank takes part in the gathers, rank0_only or not: FSDP's over each unit's group,
+    // then a tensor-parallel entry's over its TP group (in module order, the same on every rank).
+    auto full = detail::gather_full_params(layout);
+    std::vector<at::Tensor> values;
+    for (const auto& e : layout.entries) {
+      at::Tensor v = e.sharded ? full.at(e.tensor.unsafeGetTensorImpl()) : e.tensor.detach().clone();
+      if (e.tp_layout) v = e.tp_layout->to_sharded_tensor(v.contiguous(), /*copy=*/false).full_tensor();
+      values.push_back(std::move(v));
+    }
     if (rank0_only && global_rank() != 0) {
       StateDict empty;
       empty.type = type;
       empty.rank0_only_placeholder = true;
       return empty;
     }
-    for (const auto& e : layout.entries)
-      sd.insert(e.key, offloaded(e.sharded ? full.at(e.tensor.unsafeGetTensorImpl()) : e.tensor.detach().clone(), offload));
+    for (size_t i = 0; i < layout.entries.size(); ++i) sd.insert(layout.entries[i].key, offloaded(values[i], offload));
     return sd;
   }
+  detail::refuse_tensor_parallel(layout, "model state dict", to_string(type),
+                                 "take a FULL state dict (full_state_dict(true) or FULL_STATE_DICT)");
   size_t next_unit = 0;
   for (size_t i = 0; i <= layout.entries.size(); ++i) {
     if (type == StateDictType::LOCAL_STATE_DICT)
@@ -283,6 +292,27 @@ struct Write {
   std::function<at::Tensor()> src;  // may communicate (redistribution); called in module order
 };
 
+// A tensor-parallel entry (FSDP-sharded or not) from a whole value of its global shape: cut by its
+// TP layout, then, under FSDP, by the unit's layout. A ShardedTensor is refused (TP SHARDED
+// state dicts are not supported yet).
+Write plan_tensor_parallel_write(const LoadRequest& req, const ModelEntry& e, const StateDictValue& v) {
+  const TensorLayout& tp = *e.tp_layout;
+  if (!v.is_tensor())
+    throw Error(req.api + ": '" + e.key + "' is a ShardedTensor but the model's '" + e.key + "' is tensor-parallel (" +
+                tp.placements().front().to_string() + " over " + std::to_string(tp.process_group().size()) +
+                " ranks); SHARDED state dicts of tensor-parallel models are not supported yet: load a FULL one");
+  if (req.expected == StateDictType::SHARDED_STATE_DICT || req.expected == StateDictType::LOCAL_STATE_DICT)
+    throw Error(req.api + ": '" + e.key + "' is tensor-parallel; the model's state_dict_type is " +
+                to_string(*req.expected) + ", which tensor-parallel models do not support yet: use FULL_STATE_DICT");
+  check_shape(req.api, e.key, v.sizes(), tp.global_shape());
+  const at::Tensor src = v.tensor();
+  const TensorLayout* fsdp = e.sharded ? &e.sharded->layout : nullptr;
+  return {e.tensor, [&tp, fsdp, src] {
+            at::Tensor mine = tp.local_of_full(src);
+            return fsdp ? fsdp->local_of_full(mine) : mine;
+          }};
+}
+
 // Plan: checks every present entry (shape, whole or sharded as the kind says) and says where
 // its value goes and how this rank's part of it is found.
 std::vector<Write> plan_writes(const LoadRequest& req) {
@@ -292,6 +322,10 @@ std::vector<Write> plan_writes(const LoadRequest& req) {
     if (req.local() && e.sharded) continue;
     const StateDictValue* v = req.sd.find(e.key);
     if (!v) continue;
+    if (e.tp_layout) {
+      writes.push_back(plan_tensor_parallel_write(req, e, *v));
+      continue;
+    }
     if (!e.sharded) {
       if (!v->is_tensor())
         throw Error(api + ": '" + e.key + "' is a ShardedTensor but the model holds it whole (not sharded by FSDP)");

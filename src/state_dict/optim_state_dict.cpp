@@ -222,6 +222,8 @@ OptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torc
   const bool full = options.full_state_dict_, offload = options.cpu_offload_;
   at::NoGradGuard no_grad;
   detail::ModelLayout layout = detail::collect_layout(model);
+  // A TP parameter's state is TP-local: neither a whole value nor FSDP rows of one.
+  detail::refuse_tensor_parallel(layout, api, "optimizer state dicts", "");
   auto by_impl = params_by_impl(layout);
   const auto& names = traits.entries;
 
@@ -301,6 +303,7 @@ void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer&
   check_request(sd, options, api);
   const OptimizerStateTraits& traits = detail::optimizer_state_traits(optim);
   detail::ModelLayout layout = detail::collect_layout(model);
+  detail::refuse_tensor_parallel(layout, api, "optimizer state dicts", "");
   LoadPlan plan = plan_load(optim, sd, params_by_impl(layout), api);
   check_entries(plan, traits, optim, api);
   commit(optim, plan, resolve(plan, traits));

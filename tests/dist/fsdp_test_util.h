@@ -13,6 +13,7 @@
 
 #include <fsdpp/collectives.h>
 #include <fsdpp/fully_shard.h>
+#include <fsdpp/tensor_parallel.h>
 
 #include "dist/world_sizes.h"
 #include "fsdp/testing_delays.h"
@@ -74,14 +75,21 @@ inline Sequential make_multi_group(bool wrap, const FullyShardOptions& options) 
   return Sequential(FSDPLinear(l1, options), ReLU(), FSDPLinear(l2, options), ReLU(), l3);
 }
 
-// The seeds' MLP: in_proj, relu, out_proj.
+// The seeds' MLP: in_proj, relu, out_proj (then relu with `relu_out`, as PyTorch's
+// common_fsdp.MLP). Its Linears are declared as TensorParallel wrappers, which are plain Linears
+// until parallelize_module (2-D FSDP x TP) cuts them: the same module and FQNs either way.
+using TPLinear = TensorParallel<torch::nn::LinearImpl>;
 struct MLPImpl : torch::nn::Module {
-  MLPImpl(int64_t dim, int64_t hidden) {
-    in_proj = register_module("in_proj", Linear(dim, hidden));
-    out_proj = register_module("out_proj", Linear(hidden, dim));
+  MLPImpl(int64_t dim, int64_t hidden, bool relu_out = false) : relu_out(relu_out) {
+    in_proj = register_module("in_proj", TPLinear(Linear(dim, hidden)));
+    out_proj = register_module("out_proj", TPLinear(Linear(hidden, dim)));
   }
-  at::Tensor forward(const at::Tensor& x) { return out_proj->forward(torch::relu(in_proj->forward(x))); }
-  Linear in_proj{nullptr}, out_proj{nullptr};
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor z = out_proj->forward(torch::relu(in_proj->forward(x)));
+    return relu_out ? torch::relu(z) : z;
+  }
+  TPLinear in_proj{nullptr}, out_proj{nullptr};
+  bool relu_out;
 };
 TORCH_MODULE(MLP);
 
