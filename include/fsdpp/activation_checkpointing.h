@@ -38,21 +38,20 @@ namespace detail {
 std::vector<at::Tensor> checkpointed_call(const std::vector<at::Tensor>& inputs,
                                           std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)> run);
 
-template <typename Derived, typename Signature>
-class CheckpointForward;
-template <typename Derived, typename R, typename... A>
-class CheckpointForward<Derived, R(A...)> {
- public:
-  R forward(A... args) {
-    auto* self = static_cast<Derived*>(this);
-    using Inputs = std::tuple<std::decay_t<A>...>;
-    Inputs inputs(std::forward<A>(args)...);
+// module->forward(inputs...) (R(A...) its signature) under checkpointed_call: what
+// checkpoint_wrapper and an FSDP unit checkpointing its wrapped module both run.
+template <typename Signature>
+struct CheckpointedForward;
+template <typename R, typename... A>
+struct CheckpointedForward<R(A...)> {
+  using Inputs = std::tuple<std::decay_t<A>...>;
+  template <typename M>
+  static R call(std::shared_ptr<M> module, Inputs inputs) {
     std::vector<at::Tensor> tensors;
     for (at::Tensor* t : tensors_in(inputs)) tensors.push_back(*t);
     // Each call of `run` (forward, then the recompute in backward) puts the given tensors into a
     // copy of the arguments; the first call keeps the result, whose tensors become the outputs.
     std::optional<R> result;
-    auto module = self->typed_;
     auto run = [module, inputs, &result, first = true](const std::vector<at::Tensor>& values) mutable {
       Inputs call = inputs;
       auto slots = tensors_in(call);
@@ -68,6 +67,17 @@ class CheckpointForward<Derived, R(A...)> {
     auto slots = tensors_in(*result);
     for (size_t i = 0; i < slots.size(); ++i) *slots[i] = outputs[i];
     return std::move(*result);
+  }
+};
+
+template <typename Derived, typename Signature>
+class CheckpointForward;
+template <typename Derived, typename R, typename... A>
+class CheckpointForward<Derived, R(A...)> {
+ public:
+  R forward(A... args) {
+    return CheckpointedForward<R(A...)>::call(static_cast<Derived*>(this)->typed_,
+                                              std::tuple<std::decay_t<A>...>(std::forward<A>(args)...));
   }
 };
 
@@ -121,7 +131,10 @@ CheckpointWrapper<M> checkpoint_wrapper(std::shared_ptr<M> module) {
 // holding it can take the wrapper: an element of a torch::nn::Sequential (any selected module;
 // the Sequential passes its values through, up to 6 arguments, and the element must return a
 // tensor) or of a ModuleList (ModuleWrapPolicy's types only; callers reach it as
-// `->as<fsdpp::CheckpointWrapperImpl<T>>()`). Inside FSDP units too. Returns how many it wrapped.
+// `->as<fsdpp::CheckpointWrapperImpl<T>>()`). Inside FSDP units too. A module an FSDP unit wraps
+// is called by the unit, so it is not replaced: the unit checkpoints its call instead (inside its
+// gather; FSDPModule::set_checkpoint_wrapped_module), the policy counting its parameters at
+// their global sizes. Returns how many it wrapped, such units included.
 int apply_activation_checkpointing(torch::nn::Module& model, const std::shared_ptr<const AutoWrapPolicy>& policy);
 
 }  // namespace fsdpp

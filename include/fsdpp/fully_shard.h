@@ -35,6 +35,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <fsdpp/activation_checkpointing.h>
 #include <fsdpp/device_mesh.h>
 #include <fsdpp/forward_arguments.h>
 #include <fsdpp/mixed_precision_policy.h>
@@ -182,6 +183,13 @@ class FSDPModule : public torch::nn::Module {
   // Set on the root; it applies to the whole tree.
   void set_is_last_backward(bool value);
 
+  // On: forward runs the wrapped module under activation checkpointing, inside the unit's
+  // gather (FSDP(checkpoint_wrapper(module))), so backward recomputes it after gathering again.
+  // apply_activation_checkpointing turns it on when its policy selects the wrapped module.
+  // Throws for a wrapped forward that takes or returns no tensor.
+  void set_checkpoint_wrapped_module(bool value);
+  bool checkpoints_wrapped_module() const { return checkpoint_wrapped_module_; }
+
   // The wrapped module.
   const std::shared_ptr<torch::nn::Module>& wrapped_module() const { return module_; }
   const FullyShardOptions& options() const { return options_; }
@@ -215,6 +223,8 @@ class FSDPModule : public torch::nn::Module {
   // reduce-scatter; invoke() runs the wrapped module and returns its output tensors, which are
   // replaced by aliases whose backward first gathers the parameters again; then reshard.
   void forward_steps(const std::vector<at::Tensor*>& inputs, const std::function<std::vector<at::Tensor*>()>& invoke);
+  // Whether the wrapped forward's signature can be checkpointed (it takes and returns tensors).
+  virtual bool can_checkpoint_wrapped_module() const { return true; }
 
  private:
   friend class FullParamsGuard;
@@ -223,6 +233,7 @@ class FSDPModule : public torch::nn::Module {
   std::shared_ptr<torch::nn::Module> module_;
   FullyShardOptions options_;
   std::shared_ptr<detail::FSDPState> state_;
+  bool checkpoint_wrapped_module_ = false;
 };
 
 namespace detail {
@@ -234,9 +245,17 @@ class FSDPForward;
 template <typename Derived, typename R, typename... A>
 class FSDPForward<Derived, R(A...)> {
  public:
+  using Inputs = std::tuple<std::decay_t<A>...>;
+  static constexpr bool checkpointable = !std::is_void_v<R> && may_hold_tensor<Inputs>::value;
+
   R forward(A... args) {
-    std::tuple<std::decay_t<A>...> inputs(std::forward<A>(args)...);
+    Inputs inputs(std::forward<A>(args)...);
     auto* self = static_cast<Derived*>(this);
+    if constexpr (checkpointable)
+      if (self->checkpoints_wrapped_module())
+        return self->template run_forward<R>(inputs, [self](auto&... a) {
+          return CheckpointedForward<R(A...)>::call(self->typed_, Inputs(a...));
+        });
     return self->template run_forward<R>(inputs, [self](auto&... a) { return self->typed_->forward(static_cast<A&&>(a)...); });
   }
 };
@@ -259,7 +278,8 @@ class FullyShardedDataParallelImpl
   const std::shared_ptr<M>& module() const { return typed_; }
 
   // Calls M's method `method` (not forward: FSDP2's register_fsdp_forward_method) inside this
-  // unit's forward steps: gather before, reshard after, backward triggers on its tensors.
+  // unit's forward steps: gather before, reshard after, backward triggers on its tensors
+  // (never checkpointed: set_checkpoint_wrapped_module covers forward only).
   //   Model: patch_embeddings = vit->forward_method(&VisionTransformerImpl::forward_features, imgs);
   template <typename R, typename C, typename... P, typename... Args>
   R forward_method(R (C::*method)(P...), Args&&... args) {
@@ -270,6 +290,10 @@ class FullyShardedDataParallelImpl
 
  private:
   friend class detail::FSDPForward<FullyShardedDataParallelImpl<M, Signature>, Signature>;
+
+  bool can_checkpoint_wrapped_module() const override {
+    return detail::FSDPForward<FullyShardedDataParallelImpl<M, Signature>, Signature>::checkpointable;
+  }
 
   template <typename R, typename Tuple, typename Invoke>
   R run_forward(Tuple& inputs, Invoke&& invoke) {

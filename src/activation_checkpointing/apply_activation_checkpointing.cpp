@@ -1,8 +1,10 @@
+#include <unordered_map>
+
 #include <fsdpp/activation_checkpointing.h>
 #include <fsdpp/wrap_policy.h>
 
 #include "activation_checkpointing/any_checkpoint_wrapper.h"
-#include "nn/any_module_call.h"
+#include "activation_checkpointing/checkpointed_any_call.h"
 #include "nn/replace_modules.h"
 
 namespace fsdpp {
@@ -13,25 +15,30 @@ AnyCheckpointWrapperImpl::AnyCheckpointWrapperImpl(torch::nn::AnyModule module) 
 }
 
 torch::nn::AnyValue AnyCheckpointWrapperImpl::forward(std::vector<torch::nn::AnyValue> arguments) {
-  const std::string who = "checkpoint wrapper of " + module_.ptr()->name();
-  std::vector<at::Tensor> tensors;
-  for (auto& a : arguments)
-    if (auto* t = a.try_get<at::Tensor>()) tensors.push_back(*t);
-  if (tensors.empty()) throw Error(who + ": forward was given no tensor, so there is nothing to recompute from");
-  auto run = [this, arguments, who](const std::vector<at::Tensor>& values) {
-    std::vector<torch::nn::AnyValue> call = arguments;
-    size_t next = 0;
-    for (auto& a : call)
-      if (a.try_get<at::Tensor>()) a = torch::nn::AnyValue(values[next++]);
-    torch::nn::AnyValue out = call_any_module(module_, call, who);
-    auto* t = out.try_get<at::Tensor>();
-    if (!t) throw Error(who + ": a type-blind checkpoint wrapper needs a forward that returns a tensor");
-    return std::vector<at::Tensor>{*t};
-  };
-  return torch::nn::AnyValue(checkpointed_call(tensors, run).at(0));
+  return checkpointed_any_call(module_, std::move(arguments), "checkpoint wrapper of " + module_.ptr()->name());
 }
 
 }  // namespace detail
+
+namespace {
+
+// What the policy counts for a unit's wrapped module: the plain model's parameters, each sharded
+// one at its global size (the same on every rank).
+int64_t unsharded_numel(FSDPModule& unit) {
+  std::unordered_map<const c10::TensorImpl*, int64_t> global;
+  for (const auto& p : unit.sharded_parameters()) global[p.param.unsafeGetTensorImpl()] = p.layout.numel();
+  for (const auto& m : unit.wrapped_module()->modules())
+    if (auto* f = dynamic_cast<FSDPModule*>(m.get()))
+      for (const auto& p : f->sharded_parameters()) global[p.param.unsafeGetTensorImpl()] = p.layout.numel();
+  int64_t numel = 0;
+  for (const auto& p : unit.wrapped_module()->parameters()) {
+    auto it = global.find(p.unsafeGetTensorImpl());
+    numel += it == global.end() ? p.numel() : it->second;
+  }
+  return numel;
+}
+
+}  // namespace
 
 int apply_activation_checkpointing(torch::nn::Module& model, const std::shared_ptr<const AutoWrapPolicy>& policy) {
   if (!policy || !policy->should_wrap) throw Error("apply_activation_checkpointing: the policy is null or selects nothing");
@@ -46,11 +53,23 @@ int apply_activation_checkpointing(torch::nn::Module& model, const std::shared_p
     for (const auto& p : m->parameters()) numel += p.numel();
     return policy->should_wrap(*m, numel);
   };
+  // A unit's wrapped module is called by the unit, not by a container, so it cannot be
+  // replaced: the unit checkpoints its call instead (inside its gather, as FSDP(wrapper(m))).
+  int units = 0;
+  auto checkpoint_unit = [&](torch::nn::Module& m) {
+    auto* unit = dynamic_cast<FSDPModule*>(&m);
+    if (!unit || unit->checkpoints_wrapped_module() || is_wrapper(*unit->wrapped_module())) return;
+    if (!policy->should_wrap(*unit->wrapped_module(), unsharded_numel(*unit))) return;
+    unit->set_checkpoint_wrapped_module(true);
+    ++units;
+  };
+  checkpoint_unit(model);
+  for (const auto& m : model.modules(/*include_self=*/false)) checkpoint_unit(*m);
   if (policy->make_checkpoint_wrapper) r.typed = policy->make_checkpoint_wrapper;
   r.type_blind = [](const torch::nn::AnyModule& element) {
     return torch::nn::AnyModule(std::make_shared<detail::AnyCheckpointWrapperImpl>(element));
   };
-  return detail::replace_modules(model, r);
+  return units + detail::replace_modules(model, r);
 }
 
 }  // namespace fsdpp

@@ -3,6 +3,7 @@
 #include <optional>
 #include <utility>
 
+#include "activation_checkpointing/checkpointed_any_call.h"
 #include "nn/any_module_call.h"
 
 namespace fsdpp::detail {
@@ -16,7 +17,9 @@ torch::nn::AnyValue AnyModuleUnitImpl::forward(std::vector<torch::nn::AnyValue> 
     if (auto* t = a.try_get<at::Tensor>()) inputs.push_back(t);
   std::optional<torch::nn::AnyValue> output;
   forward_steps(inputs, [&] {
-    output.emplace(call_any_module(module_, arguments, "FSDP unit of " + module_.ptr()->name()));
+    const std::string who = "FSDP unit of " + module_.ptr()->name();
+    output.emplace(checkpoints_wrapped_module() ? checkpointed_any_call(module_, arguments, who)
+                                                : call_any_module(module_, arguments, who));
     auto* t = output->try_get<at::Tensor>();
     return t ? std::vector<at::Tensor*>{t} : std::vector<at::Tensor*>{};
   });

@@ -119,6 +119,13 @@ void FSDPModule::reshard() {
   if (auto* g = state_->param_group()) g->reshard();
 }
 
+void FSDPModule::set_checkpoint_wrapped_module(bool value) {
+  if (value && !can_checkpoint_wrapped_module())
+    throw Error("activation checkpointing of the FSDP unit of " + module_->name() +
+                ": its forward takes or returns no tensor, so there is nothing to recompute from");
+  checkpoint_wrapped_module_ = value;
+}
+
 void FSDPModule::set_reshard_after_forward(bool value, bool recurse) {
   if (auto* group = state_->param_group()) group->set_reshard_after_forward(value);
   options_.reshard_after_forward_ = value;

@@ -2,7 +2,8 @@
 // plain module's outputs and gradients (dropout included), activations dropped after forward,
 // composed with FSDP in both orders the seeds use (seed 001's
 // test_train_parity_with_activation_checkpointing; seed 000's nested model with checkpoint
-// wrappers inside and around units), and state dicts without the wrapper's segment that load
+// wrappers inside and around units; applied after wrapping, units checkpointing the modules
+// they wrap), and state dicts without the wrapper's segment that load
 // across wrapped and unwrapped models (seed 000's test_fsdp_state_dict_with_activation_checkpoint
 // and test_state_dict_with_manual_ac_wrapper, each a test of its own name).
 #include <functional>
@@ -347,6 +348,84 @@ TEST_P(ActivationCheckpointFSDP, WrappersInsideAndAroundUnits) {
   });
 }
 
+// A Linear that counts its forward calls, those made with grad mode off (a checkpointed call's
+// first run; its recomputation in backward runs with grad on) and those that saw its whole
+// weight (gathered by its unit, not a shard).
+struct CountingLinearImpl : torch::nn::LinearImpl {
+  using LinearImpl::LinearImpl;
+  at::Tensor forward(const at::Tensor& x) {
+    ++calls;
+    if (!torch::autograd::GradMode::is_enabled()) ++no_grad_calls;
+    if (weight.size(0) == options.out_features()) ++gathered_calls;
+    return LinearImpl::forward(x);
+  }
+  int calls = 0, no_grad_calls = 0, gathered_calls = 0;
+};
+TORCH_MODULE(CountingLinear);
+
+// apply_activation_checkpointing after wrapping (seed 000's `*_after_wrap`): the policy selects
+// the Linears the units wrap, typed units (ModuleWrapPolicy) and type-blind ones (SizeBased-
+// AutoWrapPolicy's, through the element's AnyModule). Each unit then runs its Linear under
+// checkpoint: once without grad in forward and again in backward (after the unit gathered
+// again, reshard_after_forward T, or kept its parameters, F), and trains bitwise at parity with
+// the same units without checkpointing. World sizes 2 and 3 only (3 pads the shards; 1 shards
+// nothing), to keep the suite's time.
+class ActivationCheckpointAfterWrap : public testing::WorldSizeTest {};
+
+TEST_P(ActivationCheckpointAfterWrap, AppliedAfterWrapping) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    for (const auto& [typed, reshard_after_forward] :
+         std::initializer_list<std::pair<bool, bool>>{{true, true}, {true, false}, {false, true}}) {
+      const std::string what = std::string(typed ? "typed" : "type-blind") + " units, reshard_after_forward " +
+                               (reshard_after_forward ? "T" : "F");
+      const auto o = FullyShardOptions().reshard_after_forward(reshard_after_forward).auto_wrap_policy(
+          typed ? ModuleWrapPolicy<CountingLinearImpl>() : SizeBasedAutoWrapPolicy(100));
+      std::vector<CountingLinear> linears;
+      auto make = [&] {
+        torch::manual_seed(0);
+        CountingLinear l1(10, 16), l2(16, 10);
+        linears.push_back(l1);
+        linears.push_back(l2);
+        return fully_shard(Sequential(l1, ReLU(), l2), o);
+      };
+      auto plain = make();
+      auto ac = make();
+      int typed_units = 0;
+      for (FSDPModule* unit : fsdp_units(*ac))
+        typed_units += dynamic_cast<FullyShardedDataParallelImpl<CountingLinearImpl>*>(unit) != nullptr;
+      EXPECT_EQ(typed_units, typed ? 2 : 0) << what;
+      ASSERT_EQ(apply_activation_checkpointing(*ac, ModuleWrapPolicy<CountingLinearImpl>()), 2) << what;
+      EXPECT_EQ(apply_activation_checkpointing(*ac, ModuleWrapPolicy<CountingLinearImpl>()), 0)
+          << what << ": a checkpointing unit is not counted again";
+      EXPECT_EQ(state_dict(*ac).keys(), state_dict(*plain).keys()) << what;
+      auto loss_of = [](FullyShardedDataParallel<torch::nn::SequentialImpl> m) {
+        return [m](const at::Tensor& x) mutable { return m->forward(x).pow(2).mean(); };
+      };
+      auto batch = [&](int step) {
+        torch::manual_seed(10 * step + ctx.rank);
+        return torch::randn({4, 10});
+      };
+      expect_training_parity(*plain, loss_of(plain), *ac, loss_of(ac), batch, what);
+      for (int i = 0; i < 2; ++i) {  // 4 steps
+        EXPECT_EQ(linears[i]->calls, 4) << what << ": plain Linear " << i;
+        EXPECT_EQ(linears[i]->no_grad_calls, 0) << what << ": plain Linear " << i;
+        EXPECT_EQ(linears[2 + i]->calls, 8) << what << ": checkpointed Linear " << i << " runs twice a step";
+        EXPECT_EQ(linears[2 + i]->no_grad_calls, 4) << what << ": checkpointed Linear " << i;
+        EXPECT_EQ(linears[2 + i]->gathered_calls, 8) << what << ": checkpointed Linear " << i << " recomputed on shards";
+      }
+      if (::testing::Test::HasFailure()) return;
+    }
+    // The policy counts a unit's module at its global size (the Linears 176 and 170, each rank
+    // holding a shard of them): the same units on every world size, the root's Sequential (346)
+    // included.
+    torch::manual_seed(0);
+    auto model = fully_shard(Sequential(CountingLinear(10, 16), ReLU(), CountingLinear(16, 10)),
+                             FullyShardOptions().auto_wrap_policy(SizeBasedAutoWrapPolicy(100)));
+    EXPECT_EQ(apply_activation_checkpointing(*model, SizeBasedAutoWrapPolicy(170)), 3);
+  });
+}
+INSTANTIATE_TEST_SUITE_P(, ActivationCheckpointAfterWrap, ::testing::Values(2, 3), testing::world_size_name);
+
 // The model's full parameters, by the engine's own all-gather.
 std::vector<at::Tensor> gathered_params(torch::nn::Module& model) { return full_params(model); }
 
@@ -375,9 +454,11 @@ void save_and_load(torch::nn::Module& source, torch::nn::Module& dest, StateDict
 // Seed 000 test_fsdp_state_dict_with_activation_checkpoint: the seed's simple model (a unit of
 // one Linear) and simple nested model (a unit holding a unit and a Linear), with checkpoint
 // wrappers on the source, the destination or both (wrapped before FSDP: inside the units and,
-// for the nested model, around the root's Sequential); the source trained a step, the
-// destination zeroed (checked different), the state dict loaded strictly: the destination then
-// holds the source's values. FULL and SHARDED x rank0_only_and_offload F/T.
+// for the nested model, around the root's Sequential), or apply_activation_checkpointing on
+// the Linears after wrapping (`*_after_wrap`: the units checkpoint the Linears they wrap, the
+// nested model's plain Linear is replaced); the source trained a step, the destination zeroed
+// (checked different), the state dict loaded strictly: the destination then holds the source's
+// values. FULL and SHARDED x rank0_only_and_offload F/T.
 TEST_P(ActivationCheckpointFSDP, FsdpStateDictWithActivationCheckpoint) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     const auto o = FullyShardOptions();
@@ -392,19 +473,27 @@ TEST_P(ActivationCheckpointFSDP, FsdpStateDictWithActivationCheckpoint) {
     };
     for (const auto& [model_name, make] : {std::pair<std::string, std::function<Sequential(bool)>>{"simple", simple},
                                            std::pair<std::string, std::function<Sequential(bool)>>{"nested", simple_nested}})
-      for (const std::string checkpoint_wrap : {"source", "dest", "both"})
+      for (const std::string checkpoint_wrap : {"source", "dest", "both", "source_after_wrap", "both_after_wrap"})
         for (StateDictType type : {StateDictType::FULL_STATE_DICT, StateDictType::SHARDED_STATE_DICT})
           for (bool rank0_and_offload : {false, true}) {
             const std::string what = model_name + " checkpoint_wrap " + checkpoint_wrap + " " + to_string(type) +
                                      (rank0_and_offload ? " rank0_only+offload" : "");
-            Sequential source = make(checkpoint_wrap != "dest");
+            // simple: its unit's Linear; nested: the inner unit's Linear and the plain one.
+            const int linears = model_name == "simple" ? 1 : 2;
+            auto ac_to_linears = [&](Sequential m) {
+              EXPECT_EQ(apply_activation_checkpointing(*m, ModuleWrapPolicy<torch::nn::LinearImpl>()), linears) << what;
+            };
+            const bool after_wrap = checkpoint_wrap == "source_after_wrap" || checkpoint_wrap == "both_after_wrap";
+            Sequential source = make(checkpoint_wrap == "source" || checkpoint_wrap == "both");
+            if (after_wrap) ac_to_linears(source);
             {
               torch::optim::SGD opt(source->parameters(), 0.1);
               torch::manual_seed(10 + ctx.rank);
               source->forward(torch::randn({4, 10})).pow(2).mean().backward();
               opt.step();
             }
-            Sequential dest = make(checkpoint_wrap != "source");
+            Sequential dest = make(checkpoint_wrap == "dest" || checkpoint_wrap == "both");
+            if (checkpoint_wrap == "both_after_wrap") ac_to_linears(dest);
             {
               torch::NoGradGuard no_grad;
               for (auto& p : dest->parameters()) p.zero_();
