@@ -1,6 +1,7 @@
 #include <unordered_map>
 
 #include <fsdpp/activation_checkpointing.h>
+#include <fsdpp/tensor_parallel.h>
 #include <fsdpp/wrap_policy.h>
 
 #include "activation_checkpointing/any_checkpoint_wrapper.h"
@@ -22,16 +23,24 @@ torch::nn::AnyValue AnyCheckpointWrapperImpl::forward(std::vector<torch::nn::Any
 
 namespace {
 
-// What the policy counts for a unit's wrapped module: the plain model's parameters, each sharded
-// one at its global size (the same on every rank).
-int64_t unsharded_numel(FSDPModule& unit) {
-  std::unordered_map<const c10::TensorImpl*, int64_t> global;
-  for (const auto& p : unit.sharded_parameters()) global[p.param.unsafeGetTensorImpl()] = p.layout.numel();
-  for (const auto& m : unit.wrapped_module()->modules())
-    if (auto* f = dynamic_cast<FSDPModule*>(m.get()))
-      for (const auto& p : f->sharded_parameters()) global[p.param.unsafeGetTensorImpl()] = p.layout.numel();
+// Each parameter's global element count, by TensorImpl: an FSDP-sharded one's unsharded size, a
+// tensor-parallel one's size across the TP group (which also covers a 2-D one). The policy sees
+// these, so every rank selects the same modules (a rank's own part differs with uneven splits,
+// and a checkpoint on some ranks only would recompute collectives on those ranks only).
+using GlobalNumels = std::unordered_map<const c10::TensorImpl*, int64_t>;
+
+GlobalNumels global_numels(torch::nn::Module& model) {
+  GlobalNumels global;
+  for (const auto& m : model.modules(/*include_self=*/true))
+    if (auto* unit = dynamic_cast<FSDPModule*>(m.get()))
+      for (const auto& p : unit->sharded_parameters()) global[p.param.unsafeGetTensorImpl()] = p.layout.numel();
+  for (const auto& p : tensor_parallel_parameters(model)) global[p.param.unsafeGetTensorImpl()] = p.layout.numel();
+  return global;
+}
+
+int64_t policy_numel(const torch::nn::Module& module, const GlobalNumels& global) {
   int64_t numel = 0;
-  for (const auto& p : unit.wrapped_module()->parameters()) {
+  for (const auto& p : module.parameters()) {
     auto it = global.find(p.unsafeGetTensorImpl());
     numel += it == global.end() ? p.numel() : it->second;
   }
@@ -45,13 +54,12 @@ int apply_activation_checkpointing(torch::nn::Module& model, const std::shared_p
   auto is_wrapper = [](const torch::nn::Module& m) {
     return m.named_children().contains("_checkpoint_wrapped_module");
   };
+  const GlobalNumels global = global_numels(model);
   detail::ModuleReplacement r;
   r.descend = [&](const torch::nn::Module& m) { return !is_wrapper(m); };
   r.selects = [&](const std::shared_ptr<torch::nn::Module>& m) {
     if (is_wrapper(*m) || dynamic_cast<FSDPModule*>(m.get())) return false;
-    int64_t numel = 0;
-    for (const auto& p : m->parameters()) numel += p.numel();
-    return policy->should_wrap(*m, numel);
+    return policy->should_wrap(*m, policy_numel(*m, global));
   };
   // A unit's wrapped module is called by the unit, not by a container, so it cannot be
   // replaced: the unit checkpoints its call instead (inside its gather, as FSDP(wrapper(m))).
@@ -59,7 +67,7 @@ int apply_activation_checkpointing(torch::nn::Module& model, const std::shared_p
   auto checkpoint_unit = [&](torch::nn::Module& m) {
     auto* unit = dynamic_cast<FSDPModule*>(&m);
     if (!unit || unit->checkpoints_wrapped_module() || is_wrapper(*unit->wrapped_module())) return;
-    if (!policy->should_wrap(*unit->wrapped_module(), unsharded_numel(*unit))) return;
+    if (!policy->should_wrap(*unit->wrapped_module(), policy_numel(*unit->wrapped_module(), global))) return;
     unit->set_checkpoint_wrapped_module(true);
     ++units;
   };

@@ -25,6 +25,7 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 #include <fsdpp/fully_shard.h>
+#include <fsdpp/tensor_parallel.h>
 
 namespace fsdpp {
 
@@ -103,6 +104,14 @@ at::Tensor clip_grad_norm_(torch::nn::Module& module, double max_norm, double no
   if (std::isnan(max_norm))
     throw Error("clip_grad_norm_: max_norm is NaN");
 
+  // A tensor-parallel gradient is a part of the global one on each TP rank: this rank's norm
+  // alone would scale the TP ranks differently, so refuse rather than clip wrongly.
+  const auto tp = tensor_parallel_parameters(module);
+  if (!tp.empty())
+    for (const auto& item : module.named_parameters())
+      if (item.value().unsafeGetTensorImpl() == tp.front().param.unsafeGetTensorImpl())
+        throw Error("clip_grad_norm_: '" + item.key() +
+                    "' is tensor-parallel; clipping tensor-parallel (and 2-D FSDP x TP) models is not supported yet");
   const std::vector<ParamRef> params = unique_parameters(module);
   // The accumulation dtype: float32 at least (as FSDP1's _get_grad_norm), float64 if any
   // parameter is float64. Decided from the parameters, not the gradients, so that every rank

@@ -68,7 +68,7 @@ void refuse_tensor_parallel(const ModelLayout& layout, const std::string& api, c
     throw Error(api + ": '" + e.key + "' is tensor-parallel (global shape " + shape_string(l.global_shape()) + ", " +
                 l.placements().front().to_string() + " over the TP group of " +
                 std::to_string(l.process_group().size()) + " ranks" + (e.sharded ? ", then FSDP-sharded: 2-D" : "") +
-                "); " + what + " of tensor-parallel models is not supported yet" + (instead.empty() ? "" : ": " + instead));
+                "); " + what + " of tensor-parallel models: not supported yet" + (instead.empty() ? "" : ": " + instead));
   }
 }
 

@@ -398,6 +398,8 @@ void commit(const LoadRequest& req, const std::vector<Write>& writes, const std:
 IncompatibleKeys load(torch::nn::Module& model, const StateDict& sd, std::optional<StateDictType> expected, bool strict,
                       const std::string& api) {
   const LoadRequest req{sd, detail::collect_layout(model), expected, api};
+  // A LOCAL dict holds flat FSDP shards of TP-local parts, which nothing here can place yet.
+  if (req.local()) detail::refuse_tensor_parallel(req.layout, api, "LOCAL_STATE_DICT", "load a FULL state dict");
   IncompatibleKeys result = check_keys(req, strict);
   const std::vector<Write> writes = plan_writes(req);
   commit(req, writes, resolve(writes));

@@ -5,6 +5,7 @@
 #include <map>
 
 #include <fsdpp/activation_checkpointing.h>
+#include <fsdpp/clip_grad_norm.h>
 #include <fsdpp/device_mesh.h>
 #include <fsdpp/distributed_data_parallel.h>
 #include <fsdpp/error.h>
@@ -182,6 +183,7 @@ TEST(FullyShard2DStateDict, FullStateDictHoldsGlobalValuesAndShardedIsRefused) {
     // rank0_only (cpu_offload): every rank still takes part in both gathers.
     const StateDict rank0 = get_model_state_dict(model, StateDictOptions().full_state_dict(true).cpu_offload(true));
     EXPECT_EQ(rank0.size(), ctx.rank == 0 ? full.size() : 0u);
+    for (const auto& [key, value] : rank0) EXPECT_TRUE(value.tensor().equal(expected.at(key))) << key;
 
     // Into the plain model, and into a fresh (untrained) 2-D model: global values equal the dict's.
     set_model_state_dict(plain, full);
@@ -197,10 +199,22 @@ TEST(FullyShard2DStateDict, FullStateDictHoldsGlobalValuesAndShardedIsRefused) {
                            "2 ranks, then FSDP-sharded: 2-D)"),
               std::string::npos)
         << sharded;
-    EXPECT_NE(sharded.find("SHARDED_STATE_DICT of tensor-parallel models is not supported yet"), std::string::npos)
+    EXPECT_NE(sharded.find("SHARDED_STATE_DICT of tensor-parallel models: not supported yet"), std::string::npos)
         << sharded;
     const std::string optim = error_of([&] { get_optimizer_state_dict(*model, opt); });
     EXPECT_NE(optim.find("get_optimizer_state_dict: '0.in_proj.weight' is tensor-parallel"), std::string::npos) << optim;
+    // A LOCAL load and clipping (a TP-local norm per rank would scale TP ranks apart) are refused too.
+    {
+      auto scope = state_dict_type(*model, StateDictType::LOCAL_STATE_DICT);
+      const std::string local = error_of([&] { load_state_dict(*model, full); });
+      EXPECT_NE(local.find("'0.in_proj.weight' is tensor-parallel"), std::string::npos) << local;
+      EXPECT_NE(local.find("LOCAL_STATE_DICT of tensor-parallel models: not supported yet"), std::string::npos) << local;
+    }
+    const std::string clip = error_of([&] { clip_grad_norm_(*model, 1.0); });
+    EXPECT_NE(clip.find("in_proj"), std::string::npos) << clip;
+    EXPECT_NE(clip.find("is tensor-parallel; clipping tensor-parallel (and 2-D FSDP x TP) models is not supported yet"),
+              std::string::npos)
+        << clip;
     // A whole value of the TP-local shape (a TP model's old local state dict) is refused naming both shapes.
     StateDict local = full;
     local.set("0.in_proj.weight", torch::zeros({26, 17}));
