@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <fsdpp/collectives.h>
@@ -38,7 +39,8 @@ std::string read_file(const fs::path& path) {
 
 std::string tail_lines(const std::string& text, int lines) {
   size_t pos = text.size();
-  for (int i = 0; i <= lines && pos > 0; ++i) {
+  for (int i = 0; i <= lines; ++i) {
+    if (pos == 0) return text;
     pos = text.rfind('\n', pos - 1);
     if (pos == std::string::npos) return text;
   }
@@ -57,11 +59,12 @@ class FailureCollector : public ::testing::EmptyTestEventListener {
   }
 };
 
-[[noreturn]] void run_as_rank(int world_size, const std::function<void(RankContext&)>& body, const RunOptions& options) {
+[[noreturn]] void run_as_rank(int rank, int world_size, const std::string& dir,
+                              const std::function<void(RankContext&)>& body, const RunOptions& options) {
   RankContext ctx;
-  ctx.rank = std::atoi(env_or_null("FSDPP_TEST_RANK"));
+  ctx.rank = rank;
   ctx.world_size = world_size;
-  ctx.temp_dir = env_or_null("FSDPP_TEST_DIR");
+  ctx.temp_dir = dir;
   ctx.store_path = ctx.temp_dir + "/store";
   auto* collector = new FailureCollector;  // owned by gtest's listener list
   ::testing::UnitTest::GetInstance()->listeners().Append(collector);
@@ -78,7 +81,7 @@ class FailureCollector : public ::testing::EmptyTestEventListener {
     body(ctx);
     // Finish together: a rank that exits early would cut connections its peers still use.
     // If this fails, a peer failed, and that peer reports its own failure.
-    if (ctx.world.defined() && !::testing::Test::HasFailure()) {
+    if (ctx.world.defined() && collector->failures.empty()) {
       try {
         barrier(ctx.world);
       } catch (const std::exception& e) {
@@ -101,15 +104,18 @@ class FailureCollector : public ::testing::EmptyTestEventListener {
   _exit(collector->failures.empty() && uncaught.empty() ? 0 : 1);
 }
 
-std::string current_test_filter() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return std::string("--gtest_filter=") + info->test_suite_name() + "." + info->name();
-}
-
-pid_t spawn_rank(int rank, int world_size, const std::string& dir, const RunOptions& options) {
-  const std::string filter = current_test_filter();
+// The rank is a fork of the test process, not a re-executed binary: loading libtorch again costs
+// about a second of CPU per rank, which was most of the suite's time. The parent is single
+// threaded here (gtest runs tests on one thread and the ranks' collectives run in the children),
+// so the child starts from a consistent copy; it runs the body and _exits without returning.
+pid_t spawn_rank(int rank, int world_size, const std::string& dir,
+                 const std::function<void(RankContext&)>& body, const RunOptions& options) {
   const std::string log = dir + "/rank" + std::to_string(rank) + ".log";
   const pid_t parent = getpid();
+  const bool threads_from_environment = env_or_null("OMP_NUM_THREADS") != nullptr;
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);  // or the child would print the parent's buffered output again
   pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid > 0) return pid;
@@ -121,15 +127,11 @@ pid_t spawn_rank(int rank, int world_size, const std::string& dir, const RunOpti
   dup2(fd, 1);
   dup2(fd, 2);
   close(fd);
-  setenv("FSDPP_TEST_RANK", std::to_string(rank).c_str(), 1);
-  setenv("FSDPP_TEST_WORLD_SIZE", std::to_string(world_size).c_str(), 1);
-  setenv("FSDPP_TEST_DIR", dir.c_str(), 1);
-  setenv("OMP_NUM_THREADS", "1", 0);
+  // One intra-op thread per rank unless asked otherwise: N ranks share the machine's cores.
+  // (OMP_NUM_THREADS was read when the parent loaded OpenMP; a forked child sets it in code.)
+  if (!threads_from_environment) at::set_num_threads(1);
   for (const auto& kv : options.env) putenv(strdup(kv.c_str()));
-  char exe[] = "/proc/self/exe";
-  std::vector<char*> argv{exe, const_cast<char*>(filter.c_str()), nullptr};
-  execv(exe, argv.data());
-  _exit(127);
+  run_as_rank(rank, world_size, dir, body, options);
 }
 
 struct RankProcess {
@@ -148,15 +150,11 @@ std::string describe_status(int status) {
 
 }  // namespace
 
-bool in_rank_process() { return env_or_null("FSDPP_TEST_RANK") != nullptr; }
-
 void run_ranks(int world_size, const std::function<void(RankContext&)>& body, const RunOptions& options) {
-  if (in_rank_process()) run_as_rank(world_size, body, options);
-
   char pattern[] = "/tmp/fsdpp-test-XXXXXX";
   const std::string dir = mkdtemp(pattern);
   std::vector<RankProcess> ranks(world_size);
-  for (int r = 0; r < world_size; ++r) ranks[r].pid = spawn_rank(r, world_size, dir, options);
+  for (int r = 0; r < world_size; ++r) ranks[r].pid = spawn_rank(r, world_size, dir, body, options);
 
   const auto start = Clock::now();
   const auto grace = std::chrono::seconds(3);

@@ -1,6 +1,6 @@
 #pragma once
 // Runs a test body on several ranks, one process each, the way PyTorch's MultiProcessTestCase
-// does: the test binary re-executes itself, filtered to the current test, once per rank.
+// does: the test process forks once per rank, and each child runs the body.
 // Ranks meet on a FileStore in a fresh temp dir. Each rank's gtest failures and exceptions
 // come back to the parent test, a deadline kills a hung run (naming the ranks that hung),
 // and no process is left behind.
@@ -30,10 +30,7 @@ struct RunOptions {
   std::vector<std::string> env;
 };
 
-// Call at most once per test (parametrize over world sizes with TEST_P).
+// Parametrize over world sizes with TEST_P.
 void run_ranks(int world_size, const std::function<void(RankContext&)>& body, const RunOptions& options = {});
-
-// True inside a rank process.
-bool in_rank_process();
 
 }  // namespace fsdpp::testing
