@@ -4,13 +4,14 @@
   check-seed-coverage.py --extract SEEDS_DIR > docs/seed-tests.txt
       Lists every `def test_` of the seed files (PyTorch's Python tests, kept outside the
       repository in ../shared/seeds) as "<seed> <Class>.<test_name>", one per line.
-  check-seed-coverage.py [--ctest-dir BUILD_DIR | --tests-file FILE]
+  check-seed-coverage.py [--ctest-dir BUILD_DIR | --tests-file FILE] [--gtest-binary EXE]
       Checks that every line of docs/seed-tests.txt has exactly one row in the table of
       docs/seed-coverage.md (and no row names a test the seeds do not have), that each row
       names at least one C++ test or says "pending: ..." / "not applicable on CPU: ...", and
       that every C++ test the table names (`Suite.Name`, in backticks) is registered: it is a
-      name of `ctest -N` in BUILD_DIR, or a parameterized test's name up to its "/WorldSizeN".
-      Without --ctest-dir or --tests-file only the first two checks run.
+      name of `ctest -N` in BUILD_DIR or a gtest test of EXE (ctest runs EXE's tests in groups,
+      tests/discover_test_groups.cmake), or a parameterized test's name up to its "/WorldSizeN".
+      Without --ctest-dir, --tests-file or --gtest-binary only the first two checks run.
 
 Exit status 0 when everything holds; 1 with one line per problem otherwise.
 """
@@ -64,13 +65,26 @@ def read_table():
     return rows
 
 
+def gtest_tests(binary):
+    text = subprocess.run([binary, "--gtest_list_tests"], check=True, capture_output=True, text=True).stdout
+    names, suite = set(), None
+    for line in text.splitlines():
+        if not line.startswith(" "):
+            suite = line.split("#")[0].strip().rstrip(".")
+        elif suite:
+            names.add(suite + "." + line.split("#")[0].strip())
+    return names
+
+
 def registered_tests(args):
+    names = gtest_tests(args.gtest_binary) if args.gtest_binary else set()
+    if not (args.tests_file or args.ctest_dir):
+        return names
     if args.tests_file:
         with open(args.tests_file, encoding="utf-8") as f:
             text = f.read()
     else:
         text = subprocess.run([args.ctest, "-N"], cwd=args.ctest_dir, check=True, capture_output=True, text=True).stdout
-    names = set()
     for line in text.splitlines():
         m = re.search(r"Test\s+#\d+: (\S+)", line)
         names.add(m.group(1) if m else line.strip())
@@ -83,6 +97,7 @@ def main():
     parser.add_argument("--ctest-dir", metavar="BUILD_DIR")
     parser.add_argument("--ctest", default="ctest", help="the ctest to run (default: ctest on PATH)")
     parser.add_argument("--tests-file", metavar="FILE", help="a saved `ctest -N` output")
+    parser.add_argument("--gtest-binary", metavar="EXE", help="a gtest binary whose tests count as registered")
     args = parser.parse_args()
     if args.extract:
         print("\n".join(extract(args.extract)))
@@ -100,7 +115,7 @@ def main():
         elif len(by_key[key]) > 1:
             problems.append(f"seed {key[0]} {key[1]}: rows at lines {by_key[key]}; keep one")
     known = set(seed_tests)
-    registered = registered_tests(args) if (args.ctest_dir or args.tests_file) else None
+    registered = registered_tests(args) if (args.ctest_dir or args.tests_file or args.gtest_binary) else None
     for number, seed, name, cell in rows:
         if (seed, name) not in known:
             problems.append(f"docs/seed-coverage.md:{number}: seed {seed} has no test {name} (docs/seed-tests.txt)")
@@ -113,7 +128,7 @@ def main():
             continue
         for test in cxx:
             if test not in registered and not any(r.startswith(test + "/") for r in registered):
-                problems.append(f"docs/seed-coverage.md:{number}: {name}: C++ test {test} is not registered (ctest -N)")
+                problems.append(f"docs/seed-coverage.md:{number}: {name}: C++ test {test} is not registered (ctest -N, gtest)")
     for p in problems:
         print(p)
     covered = sum(1 for _, _, _, cell in rows if not re.match(r"(pending|not applicable on CPU):", cell))

@@ -27,7 +27,7 @@ start=$(date +%s)
 (
   exec 9>/tmp/fsdpp-build.lock
   flock 9
-  cmake -S fuzz -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake -S fuzz -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" >/dev/null
   cmake --build "$build" -j2
 )
 echo "run-fuzzers: built in $(( $(date +%s) - start )) s"

@@ -13,7 +13,7 @@ start=$(date +%s)
 (
   exec 9>/tmp/fsdpp-build.lock
   flock 9
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFSDPP_SANITIZE=ON -DFSDPP_BUILD_BENCH=OFF \
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DFSDPP_SANITIZE=ON -DFSDPP_BUILD_BENCH=OFF \
     -DFSDPP_BUILD_EXAMPLES=OFF -DFSDPP_TEST_SOURCES_MATCHING='checkpoint|safetensors' >/dev/null
   cmake --build "$build" -j2 --target fsdpp_tests fsdpp-ckpt
 )
