@@ -3,10 +3,10 @@
 # build-asan/ and runs them: any sanitizer report fails the test that made it. Only the
 # checkpoint and safetensors test sources are compiled (FSDPP_TEST_SOURCES_MATCHING); no
 # examples or benchmarks. Its cost is in docs/fuzzing.md.
-#   scripts/run-sanitized-tests.sh [CTEST_REGEX]     (default 'Checkpoint|Safetensors')
+#   scripts/run-sanitized-tests.sh [CTEST_REGEX]     (default '^Checkpoint|Safetensors')
 set -eu
 cd "$(dirname "$0")/.."
-regex=${1:-Checkpoint|Safetensors}
+regex=${1:-^Checkpoint|Safetensors}
 build=${FSDPP_ASAN_BUILD_DIR:-build-asan}
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 start=$(date +%s)
@@ -14,7 +14,7 @@ start=$(date +%s)
   exec 9>/tmp/fsdpp-build.lock
   flock 9
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DFSDPP_SANITIZE=ON -DFSDPP_BUILD_BENCH=OFF \
-    -DFSDPP_BUILD_EXAMPLES=OFF -DFSDPP_TEST_SOURCES_MATCHING='checkpoint|safetensors' >/dev/null
+    -DFSDPP_BUILD_EXAMPLES=OFF -DFSDPP_TEST_SOURCES_MATCHING='/test_checkpoint|safetensors' >/dev/null
   cmake --build "$build" -j2 --target fsdpp_tests fsdpp-ckpt
 )
 built=$(date +%s)

@@ -105,9 +105,10 @@ class FailureCollector : public ::testing::EmptyTestEventListener {
 }
 
 // The rank is a fork of the test process, not a re-executed binary: loading libtorch again costs
-// about a second of CPU per rank, which was most of the suite's time. The parent is single
-// threaded here (gtest runs tests on one thread and the ranks' collectives run in the children),
-// so the child starts from a consistent copy; it runs the body and _exits without returning.
+// about a second of CPU per rank, which was most of the suite's time. The parent runs no
+// collectives (only its children do), so it holds no threads mid-collective to fork from; an
+// OpenMP pool it may have started in an earlier test is left behind (one thread per rank, below).
+// The child runs the body and _exits without returning.
 pid_t spawn_rank(int rank, int world_size, const std::string& dir,
                  const std::function<void(RankContext&)>& body, const RunOptions& options) {
   const std::string log = dir + "/rank" + std::to_string(rank) + ".log";
