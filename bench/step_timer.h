@@ -6,6 +6,8 @@
 #include <functional>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include <ATen/ATen.h>
 
 #include <fsdpp/collectives.h>
@@ -31,6 +33,14 @@ inline double median_step(const std::function<void()>& step, int warmup, int ste
     median = t.item<double>();
   }
   return median;
+}
+
+// Minor page faults of this process so far: fresh pages touched (on the benchmark VM each
+// costs ~25 us, so they show up in step times).
+inline long minor_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
 }
 
 }  // namespace fsdpp::bench

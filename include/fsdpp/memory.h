@@ -9,10 +9,17 @@ struct MemoryStats {
   int64_t current_bytes = 0;  // bytes of tensor storage alive now
   int64_t peak_bytes = 0;     // maximum of current_bytes since the last reset
   int64_t num_allocations = 0;
+  int64_t cached_bytes = 0;   // freed blocks kept for reuse, not counted in current_bytes
 };
 
 MemoryStats memory_stats();
 // Sets the peak to the current value, like torch.cuda.reset_peak_memory_stats().
 void reset_peak_memory_stats();
+// Freed blocks of 64 KiB and more are kept for reuse by the next allocation of the same size
+// (as PyTorch's CUDA caching allocator does), up to the highest current_bytes ever reached.
+// empty_cache() returns them to the system, like torch.cuda.empty_cache().
+void empty_cache();
+// Turns that caching off (emptying the cache) or back on; on by default.
+void set_allocator_caching(bool enabled);
 
 }  // namespace fsdpp

@@ -1,5 +1,7 @@
-// fsdpp's CPU allocator: 64-byte aligned blocks (as c10's default), plus counters of live and peak bytes.
-// It replaces the default CPU allocator when libfsdpp loads (a higher registration priority).
+// fsdpp's CPU allocator: 64-byte aligned blocks (as c10's default), counters of live and peak
+// bytes, and a cache of freed blocks (memory/block_cache.h) that holds at most the highest live
+// total seen. It replaces the default CPU allocator when libfsdpp loads (a higher registration
+// priority).
 #include <fsdpp/memory.h>
 
 #include <atomic>
@@ -9,6 +11,17 @@
 #include <c10/core/CPUAllocator.h>
 
 #include "compat/cpu_allocator.h"
+#include "memory/block_cache.h"
+
+// Under AddressSanitizer a cached block's data is poisoned, so a use after free is still reported.
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define FSDPP_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define FSDPP_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define FSDPP_POISON(p, n) ((void)(p), (void)(n))
+#define FSDPP_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
 namespace fsdpp {
 namespace {
@@ -16,6 +29,13 @@ namespace {
 std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
 std::atomic<int64_t> g_allocations{0};
+std::atomic<int64_t> g_high_water{0};  // never reset: bounds the cache
+
+// Never destroyed: tensors freed during static destruction still reach it.
+detail::CPUBlockCache& cache() {
+  static auto* c = new detail::CPUBlockCache();
+  return *c;
+}
 
 // The block's size lives in a header in front of the data, so the raw deleter can find it;
 // the header is one alignment unit so the data stays 64-byte aligned.
@@ -26,6 +46,9 @@ void count(int64_t delta) {
   int64_t peak = g_peak.load();
   while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
   }
+  int64_t high = g_high_water.load();
+  while (now > high && !g_high_water.compare_exchange_weak(high, now)) {
+  }
 }
 
 void release(void* data) {
@@ -33,14 +56,18 @@ void release(void* data) {
   char* block = static_cast<char*>(data) - kHeader;
   int64_t size = *reinterpret_cast<int64_t*>(block);
   count(-size);
+  FSDPP_POISON(data, size);
+  if (cache().keep(block, static_cast<size_t>(size), g_high_water.load())) return;
+  FSDPP_UNPOISON(data, size);
   std::free(block);
 }
 
 class CountingCPUAllocator final : public compat::CPUAllocatorBase {
  public:
   c10::DataPtr allocate_bytes(size_t nbytes) const override {
-    void* raw = nullptr;
-    if (posix_memalign(&raw, kHeader, nbytes + kHeader) != 0) throw std::bad_alloc();
+    void* raw = cache().take(nbytes);
+    if (raw) FSDPP_UNPOISON(static_cast<char*>(raw) + kHeader, nbytes);
+    else if (posix_memalign(&raw, kHeader, nbytes + kHeader) != 0) throw std::bad_alloc();
     char* block = static_cast<char*>(raw);
     *reinterpret_cast<int64_t*>(block) = static_cast<int64_t>(nbytes);
     count(static_cast<int64_t>(nbytes));
@@ -59,8 +86,12 @@ const bool g_installed = (c10::SetCPUAllocator(&g_allocator, /*priority=*/1), tr
 
 MemoryStats memory_stats() {
   (void)g_installed;
-  return {g_current.load(), g_peak.load(), g_allocations.load()};
+  return {g_current.load(), g_peak.load(), g_allocations.load(), cache().cached_bytes()};
 }
+
+void empty_cache() { cache().clear(); }
+
+void set_allocator_caching(bool enabled) { cache().set_enabled(enabled); }
 
 void reset_peak_memory_stats() { g_peak.store(g_current.load()); }
 

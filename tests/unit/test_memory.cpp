@@ -1,9 +1,14 @@
-// memory_stats() counts tensor storage exactly, with a resettable peak.
+// memory_stats() counts tensor storage exactly, with a resettable peak; freed blocks are
+// cached for reuse, within a bound.
 #include <gtest/gtest.h>
+
+#include <cstdlib>
 
 #include <ATen/ATen.h>
 
 #include <fsdpp/memory.h>
+
+#include "memory/block_cache.h"
 
 namespace fsdpp {
 namespace {
@@ -36,6 +41,69 @@ TEST(MemoryStats, ViewsAndResultsOfOpsAreCountedOnce) {
   EXPECT_EQ(memory_stats().current_bytes, base);
   at::Tensor sum = a + a;  // one new 40000-byte storage
   EXPECT_EQ(memory_stats().current_bytes, base + 40000);
+}
+
+TEST(MemoryStats, FreedBlocksAreReusedBySameSize) {
+  empty_cache();
+  const int64_t base = memory_stats().current_bytes;
+  at::Tensor big = at::empty({1 << 18}, at::kFloat);  // 1 MiB
+  void* first = big.data_ptr();
+  big = at::Tensor();
+  EXPECT_EQ(memory_stats().current_bytes, base);  // live bytes only
+  EXPECT_GE(memory_stats().cached_bytes, 1 << 20);
+  at::Tensor again = at::empty({1 << 18}, at::kFloat);
+  EXPECT_EQ(again.data_ptr(), first);
+  EXPECT_EQ(memory_stats().cached_bytes, 0);
+  EXPECT_EQ(memory_stats().current_bytes, base + (1 << 20));
+  at::Tensor other = at::empty({(1 << 18) + 1}, at::kFloat);  // another size: not that block
+  EXPECT_NE(other.data_ptr(), first);
+}
+
+TEST(MemoryStats, SmallBlocksAreNotCached) {
+  empty_cache();
+  at::Tensor small = at::empty({1024}, at::kFloat);
+  small = at::Tensor();
+  EXPECT_EQ(memory_stats().cached_bytes, 0);
+}
+
+TEST(MemoryStats, EmptyCacheAndDisablingReturnTheBlocks) {
+  at::Tensor big = at::empty({1 << 18}, at::kFloat);
+  big = at::Tensor();
+  EXPECT_GT(memory_stats().cached_bytes, 0);
+  empty_cache();
+  EXPECT_EQ(memory_stats().cached_bytes, 0);
+  set_allocator_caching(false);
+  big = at::empty({1 << 18}, at::kFloat);
+  big = at::Tensor();
+  EXPECT_EQ(memory_stats().cached_bytes, 0);
+  set_allocator_caching(true);
+  big = at::empty({1 << 18}, at::kFloat);
+  big = at::Tensor();
+  EXPECT_GT(memory_stats().cached_bytes, 0);
+  empty_cache();
+}
+
+// The cache's own bookkeeping: exact sizes, the bound, oldest blocks evicted first.
+TEST(CPUBlockCache, KeepsWithinTheLimitEvictingTheOldest) {
+  constexpr size_t kBlock = detail::CPUBlockCache::kMinBytes;
+  detail::CPUBlockCache cache;
+  void* a = std::malloc(kBlock);
+  void* b = std::malloc(kBlock);
+  void* c = std::malloc(2 * kBlock);
+  const int64_t limit = 3 * kBlock;
+  ASSERT_TRUE(cache.keep(a, kBlock, limit));
+  ASSERT_TRUE(cache.keep(b, kBlock, limit));
+  EXPECT_EQ(cache.cached_bytes(), 2 * static_cast<int64_t>(kBlock));
+  ASSERT_TRUE(cache.keep(c, 2 * kBlock, limit));  // a (the oldest) is freed to make room
+  EXPECT_EQ(cache.cached_bytes(), 3 * static_cast<int64_t>(kBlock));
+  EXPECT_EQ(cache.take(kBlock), b);
+  EXPECT_EQ(cache.take(kBlock), nullptr);
+  EXPECT_EQ(cache.take(2 * kBlock), c);
+  EXPECT_FALSE(cache.keep(b, kBlock, kBlock - 1));       // larger than the limit
+  EXPECT_FALSE(cache.keep(c, kBlock / 2, limit));        // below the cached size
+  EXPECT_EQ(cache.cached_bytes(), 0);
+  std::free(b);
+  std::free(c);
 }
 
 }  // namespace
