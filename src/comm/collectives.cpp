@@ -9,7 +9,6 @@
 #include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/error.h>
 
-#include "comm/all_gather_pieces.h"
 #include "comm/chained_collectives.h"
 #include "comm/error_message.h"
 #include "comm/hang_report.h"
@@ -157,29 +156,6 @@ void run_all_gather(const ProcessGroupImpl& g, const at::Tensor& output, const a
     works.push_back(g.backend->send(send, (r + step) % n, 0));
     works.push_back(g.backend->recv(recv, (r - step + n) % n, 0));
   }
-  wait_all(g, works);
-}
-
-// The same exchange, piece by piece: every message lands where its piece belongs.
-void run_all_gather_pieces(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input,
-                           const std::vector<detail::GatherPiece>& pieces) {
-  const int n = g.size(), r = g.rank;
-  at::Tensor out = as_wire(output), in = as_wire(input);
-  auto mine = [&](const detail::GatherPiece& p) { return in.narrow(0, p.input_offset, p.numel); };
-  auto of_rank = [&](const detail::GatherPiece& p, int q) { return out.narrow(0, p.output_offset + q * p.numel, p.numel); };
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  for (int step = 1; step < n; ++step) {
-    const int to = (r + step) % n, from = (r - step + n) % n;
-    for (const auto& p : pieces) {
-      if (p.numel == 0) continue;
-      std::vector<at::Tensor> send{mine(p)};
-      std::vector<at::Tensor> recv{of_rank(p, from)};
-      works.push_back(g.backend->send(send, to, 0));
-      works.push_back(g.backend->recv(recv, from, 0));
-    }
-  }
-  for (const auto& p : pieces)
-    if (p.numel != 0) of_rank(p, r).copy_(mine(p));
   wait_all(g, works);
 }
 
@@ -474,41 +450,6 @@ Work all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input, c
   return submit(g, kAllGather, intent, bytes, "output " + shape_of(output) + ", input " + shape_of(input), async_op,
                 [&g, output, input] { run_all_gather(g, output, input); });
 }
-
-namespace detail {
-
-Work all_gather_into_pieces(const at::Tensor& output, const at::Tensor& input, const std::vector<GatherPiece>& pieces,
-                            const ProcessGroup& group, bool async_op) {
-  const char* name = "all_gather_into_tensor";
-  const auto& g = detail::member_group(group, name);
-  require_tensor(output, name, "output");
-  require_tensor(input, name, "input");
-  const int n = g.size();
-  if (output.scalar_type() != input.scalar_type() || output.numel() != input.numel() * n)
-    throw Error(std::string(name) + " (by pieces): output " + shape_of(output) + " must hold " + std::to_string(n) +
-                " x input " + shape_of(input) + " of the same dtype on " + g.where());
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const auto& p = pieces[i];
-    if (p.numel < 0 || p.input_offset < 0 || p.output_offset < 0 || p.input_offset + p.numel > input.numel() ||
-        p.output_offset + n * p.numel > output.numel())
-      throw Error(std::string(name) + " (by pieces): piece " + std::to_string(i) + " (input offset " +
-                  std::to_string(p.input_offset) + ", " + std::to_string(p.numel) + " elements, output offset " +
-                  std::to_string(p.output_offset) + ") is outside input " + shape_of(input) + " or output " +
-                  shape_of(output));
-  }
-  Intent intent;
-  intent.fields[Intent::kDtype] = static_cast<int64_t>(input.scalar_type());
-  intent.fields[Intent::kInput] = input.numel();
-  intent.fields[Intent::kOutput] = output.numel();
-  intent.fields[Intent::kExtra] = static_cast<int64_t>(pieces.size());
-  const int64_t bytes = (n - 1) * input.numel() * input.element_size();
-  return submit(g, kAllGather, intent, bytes,
-                "output " + shape_of(output) + ", input " + shape_of(input) + ", " + std::to_string(pieces.size()) +
-                    " pieces",
-                async_op, [&g, output, input, pieces] { run_all_gather_pieces(g, output, input, pieces); });
-}
-
-}  // namespace detail
 
 Work reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op, const ProcessGroup& group,
                            bool async_op) {

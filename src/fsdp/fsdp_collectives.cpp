@@ -7,7 +7,6 @@ namespace fsdpp::detail {
 UnitFlatLayout::UnitFlatLayout(const std::vector<FSDPParam>& params, int world_size) : world_size_(world_size) {
   for (const auto& p : params) {
     shard_offsets_.push_back(shard_numel_);
-    gather_pieces_.push_back({shard_numel_, p.padded_chunk_numel(), shard_numel_ * world_size_});
     shard_numel_ += p.padded_chunk_numel();
   }
 }

@@ -1,15 +1,13 @@
 #pragma once
 // The byte layouts of one FSDP unit's collectives (FSDP2's _fsdp_collectives): where each
-// parameter sits in the unit's flat buffers, the pieces that gather the shards straight into
-// the unsharded flat, the k-way post-forward shard (gathered rank-major, then copied out), the
-// reduce-scatter input and the gradient shards in its output.
+// parameter sits in the unit's flat buffers, the copy-out after the all-gather, the k-way
+// post-forward shard, the reduce-scatter input and the gradient shards in its output.
 // FSDPParamGroup decides when these run; this file says what goes where.
 //
 // With S = the sum of the parameters' padded chunk sizes and N = the group size:
 //   sharded flat [S]:           param 0 chunk | param 1 chunk | ...      (shard_offset(i))
-//   unsharded flat [N*S]:       param 0 all rows (padded) | param 1 ... (unsharded_offset(i)),
-//                               gathered into directly: rank q's chunk of param i is one piece
-//   post-forward all-gather output [N*S]: rank 0's sharded flat | rank 1's | ...
+//   all-gather output [N*S]:    rank 0's sharded flat | rank 1's | ...
+//   unsharded flat [N*S]:       param 0 all rows (padded) | param 1 ... (unsharded_offset(i))
 //   reduce-scatter input [N*S]: as the all-gather output, each rank's rows of each gradient
 #include <cstdint>
 #include <vector>
@@ -18,7 +16,6 @@
 
 #include <fsdpp/process_group.h>
 
-#include "comm/all_gather_pieces.h"
 #include "fsdp/fsdp_param.h"
 
 namespace fsdpp::detail {
@@ -33,17 +30,14 @@ class UnitFlatLayout {
   int64_t unsharded_numel() const { return shard_numel_ * world_size_; }
   int64_t shard_offset(size_t i) const { return shard_offsets_[i]; }
   int64_t unsharded_offset(size_t i) const { return shard_offsets_[i] * world_size_; }
-  // The all-gather from sharded flats straight into the unsharded flat: one piece per parameter.
-  const std::vector<GatherPiece>& gather_pieces() const { return gather_pieces_; }
 
  private:
   int world_size_ = 1;
   int64_t shard_numel_ = 0;
   std::vector<int64_t> shard_offsets_;
-  std::vector<GatherPiece> gather_pieces_;
 };
 
-// Copy-out: rank r's chunk of each parameter, from a rank-major all-gather output, to rows
+// Copy-out: rank r's chunk of each parameter, from an all-gather output, to rows
 // [r * chunk_rows, ...) of the parameter's region of `unsharded` (the unsharded flat layout).
 void copy_out(const std::vector<FSDPParam>& params, const UnitFlatLayout& flat, const at::Tensor& all_gather_output,
               const at::Tensor& unsharded);

@@ -61,7 +61,7 @@ FSDPParamGroup::~FSDPParamGroup() {
     } catch (...) {
     }
   };
-  if (gathering_) wait_quietly(all_gather_work_);
+  if (all_gather_output_.defined()) wait_quietly(all_gather_work_);
   if (reduce_scatter_output_.defined()) {
     wait_quietly(reduce_scatter_work_);
     wait_quietly(all_reduce_work_);
@@ -135,7 +135,7 @@ void FSDPParamGroup::handle_dtype_change() {
       throw Error("FSDP unit " + unit_name_ + ": parameter '" + p.fqn() + "' is " +
                   std::string(c10::toString(p.param().scalar_type())) + " but '" + params_.front().fqn() + "' is " +
                   std::string(c10::toString(dtype)) + "; one unit needs one dtype");
-  if (reduce_scatter_output_.defined() || gathering_)
+  if (reduce_scatter_output_.defined() || all_gather_output_.defined())
     throw Error("FSDP unit " + unit_name_ + ": parameters were cast while a collective was in flight");
   bind_flat_buffers(sharded_options(dtype), /*initial=*/false);
   for (auto& g : accumulated_grads_)
@@ -163,7 +163,7 @@ void release_storage(const at::Tensor& t) {
 void FSDPParamGroup::free_unsharded() { release_storage(unsharded_flat_); }
 
 void FSDPParamGroup::unshard(UnshardFor purpose) {
-  if (unsharded_ || gathering_) return;
+  if (unsharded_ || all_gather_output_.defined()) return;
   profiler::record_function span(profiler::detail::span_name("FSDP::unshard", trace_name_));
   // A reduce-scatter left in flight by a backward that was not the last one.
   finalize_backward();
@@ -173,7 +173,6 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
     all_gather_output_ = at::empty({flat_.unsharded_numel()}, post_forward_shard_.options());
     all_gather_work_ = all_gather_into_tensor(all_gather_output_, post_forward_shard_, post_forward_group_,
                                               /*async_op=*/true);
-    gathering_ = true;
     return;
   }
   // Optimizer steps write into the shards in place; a user's set_data is folded back here.
@@ -186,15 +185,8 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
   gathering_full_precision_ = purpose == UnshardFor::kFullPrecision && dtype != sharded_flat_.scalar_type();
   const at::Tensor input = gathering_full_precision_ ? sharded_flat_.to(compute_device_)
                                                      : sharded_flat_.to(compute_options(), /*non_blocking=*/sharded_flat_.is_pinned());
-  // Straight into the buffer the parameters will view: no rank-major output to copy out of.
-  if (gathering_full_precision_) {
-    full_precision_flat_ = at::empty({flat_.unsharded_numel()}, input.options());
-  } else {
-    allocate_unsharded();
-  }
-  all_gather_work_ = all_gather_into_pieces(gathering_full_precision_ ? full_precision_flat_ : unsharded_flat_, input,
-                                            flat_.gather_pieces(), process_group_, /*async_op=*/true);
-  gathering_ = true;
+  all_gather_output_ = at::empty({flat_.unsharded_numel()}, input.options());
+  all_gather_work_ = all_gather_into_tensor(all_gather_output_, input, process_group_, /*async_op=*/true);
 }
 
 void FSDPParamGroup::drop_post_forward_shard() {
@@ -232,18 +224,20 @@ void FSDPParamGroup::reshard_after_forward() {
 void FSDPParamGroup::wait_for_unshard() {
   if (unsharded_) return;
   profiler::record_function span(profiler::detail::span_name("FSDP::wait_for_unshard", trace_name_));
-  if (!gathering_) unshard();
-  finish_gather();
+  if (!all_gather_output_.defined()) unshard();
+  at::Tensor output = std::move(all_gather_output_);
+  all_gather_output_ = at::Tensor();
+  all_gather_work_.wait();
   at::NoGradGuard no_grad;
-  if (all_gather_output_.defined()) {  // from the post-forward shard, rank-major
-    allocate_unsharded();
-    copy_out(params_, flat_, all_gather_output_, unsharded_flat_);
-    release_storage(all_gather_output_);
-    all_gather_output_ = at::Tensor();
-  } else if (gathering_full_precision_) {
+  if (gathering_full_precision_) {
     gathering_full_precision_ = false;
+    full_precision_flat_ = at::empty_like(output);
     bind_unsharded(full_precision_flat_);
+  } else {
+    allocate_unsharded();
   }
+  copy_out(params_, flat_, output, full_precision_flat_.defined() ? full_precision_flat_ : unsharded_flat_);
+  release_storage(output);
   drop_post_forward_shard();
   for (auto& p : params_) p.to_unsharded();
   unsharded_ = true;
@@ -251,11 +245,14 @@ void FSDPParamGroup::wait_for_unshard() {
 
 std::vector<at::Tensor> FSDPParamGroup::full_values() const {
   at::NoGradGuard no_grad;
-  const at::Tensor input = sharded_flat_.to(compute_device_);
-  at::Tensor unsharded = at::empty({flat_.unsharded_numel()}, input.options());
-  if (world_size_ > 1) all_gather_into_pieces(unsharded, input, flat_.gather_pieces(), process_group_, /*async_op=*/false);
-  else unsharded.copy_(input);  // one rank: the two layouts coincide
-  // Clones, not views: a view would keep (and torch::save would write) the unit's whole buffer.
+  at::Tensor gathered = sharded_flat_.to(compute_device_);
+  if (world_size_ > 1) {
+    at::Tensor input = std::move(gathered);
+    gathered = at::empty({flat_.unsharded_numel()}, input.options());
+    all_gather_into_tensor(gathered, input, process_group_);
+  }
+  at::Tensor unsharded = at::empty_like(gathered);
+  copy_out(params_, flat_, gathered, unsharded);
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& p = params_[i];
@@ -318,30 +315,10 @@ std::vector<at::Tensor> FSDPParamGroup::local_rows_from_flat(const ShardedTensor
 }
 
 void FSDPParamGroup::drop_pending_unshard() {
-  if (!gathering_) return;
-  finish_gather();
-  discard_gathered();
-}
-
-void FSDPParamGroup::finish_gather() {
-  gathering_ = false;
-  try {
-    all_gather_work_.wait();
-  } catch (...) {
-    discard_gathered();
-    throw;
-  }
-}
-
-void FSDPParamGroup::discard_gathered() {
-  if (all_gather_output_.defined()) {
-    release_storage(all_gather_output_);
-    all_gather_output_ = at::Tensor();
-  } else if (gathering_full_precision_) {
-    full_precision_flat_ = at::Tensor();
-  } else {
-    free_unsharded();
-  }
+  if (!all_gather_output_.defined()) return;
+  all_gather_work_.wait();
+  release_storage(all_gather_output_);
+  all_gather_output_ = at::Tensor();
   gathering_full_precision_ = false;
 }
 

@@ -101,8 +101,8 @@ class FSDPParamGroup {
   // Waits for and drops an all-gather nobody used (a prefetch for a unit that did not run).
   void drop_pending_unshard();
 
-  // For state dicts. Each parameter's full value (a copy), by the unit's own all-gather into a
-  // buffer of its own: the unit's state does not change. Collective.
+  // For state dicts. Each parameter's full value (a copy), by the unit's own all-gather and
+  // copy-out into a buffer of its own: the unit's state does not change. Collective.
   std::vector<at::Tensor> full_values() const;
   // The LOCAL state dict's flat parameter: the parameters flattened and concatenated, each
   // parameter's rows on the rank that holds them (a copy of this rank's). No communication.
@@ -136,10 +136,6 @@ class FSDPParamGroup {
   std::vector<ShardMetadata> flat_shards_metadata() const;
   void allocate_unsharded();
   void free_unsharded();
-  // Waits for the all-gather in flight; if it failed, its buffers are dropped.
-  void finish_gather();
-  // Frees what the finished all-gather wrote into (it will not be used).
-  void discard_gathered();
   void drop_post_forward_shard();
 
   std::string unit_name_;
@@ -166,9 +162,6 @@ class FSDPParamGroup {
   ProcessGroup post_forward_group_;
   at::Tensor post_forward_shard_;
 
-  // An all-gather in flight: into unsharded_flat_ (or full_precision_flat_) directly, or, from
-  // a post-forward shard, into all_gather_output_ (rank-major, copied out when waited for).
-  bool gathering_ = false;
   Work all_gather_work_;
   at::Tensor all_gather_output_;
 

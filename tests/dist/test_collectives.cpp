@@ -11,7 +11,6 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 
-#include "comm/all_gather_pieces.h"
 #include "dist/world_sizes.h"
 #include "harness/error_of.h"
 #include "harness/multi_process.h"
@@ -99,40 +98,6 @@ TEST_P(Collectives, AllGatherIntoTensor) {
     at::Tensor output = at::empty({n * 7, 15});
     all_gather_into_tensor(output, input);
     EXPECT_TRUE(at::equal(output.narrow(0, ctx.rank * 7, 7), input));
-  });
-}
-
-// FSDP's gather into the unsharded layout: rank q's piece i lands at output_offset + q * numel,
-// as all_gather_into_tensor's rank-major output copied there would put it.
-TEST_P(Collectives, AllGatherIntoPieces) {
-  run_ranks(GetParam(), [](RankContext& ctx) {
-    const int n = ctx.world_size;
-    const std::vector<int64_t> sizes = {3, 0, 5, 1, 1000};  // a zero-size piece sends nothing
-    std::vector<detail::GatherPiece> pieces;
-    int64_t s = 0;
-    for (int64_t c : sizes) {
-      pieces.push_back({s, c, n * s});
-      s += c;
-    }
-    for (auto dtype : kDtypes) {
-      at::Tensor input = rank_values(ctx.rank, s, dtype);
-      at::Tensor output = at::full({n * s}, -1, dtype);
-      detail::all_gather_into_pieces(output, input, pieces, ProcessGroup(), /*async_op=*/false);
-      at::Tensor rank_major = at::empty({n * s}, dtype);
-      all_gather_into_tensor(rank_major, input);
-      at::Tensor expected = at::empty({n * s}, dtype);
-      for (const auto& p : pieces)
-        expected.narrow(0, p.output_offset, n * p.numel)
-            .view({n, p.numel})
-            .copy_(rank_major.view({n, s}).narrow(1, p.input_offset, p.numel));
-      EXPECT_TRUE(at::equal(output, expected)) << dtype;
-    }
-    const std::string m = error_of([&] {
-      at::Tensor in = at::ones({4}), out = at::empty({4 * n});
-      detail::all_gather_into_pieces(out, in, {{2, 3, 0}}, ProcessGroup(), false);
-    });
-    EXPECT_NE(m.find("piece 0 (input offset 2, 3 elements, output offset 0) is outside input [4]"), std::string::npos)
-        << m;
   });
 }
 
