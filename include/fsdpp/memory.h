@@ -15,8 +15,8 @@ struct MemoryStats {
 MemoryStats memory_stats();
 // Sets the peak to the current value, like torch.cuda.reset_peak_memory_stats().
 void reset_peak_memory_stats();
-// Freed blocks of 64 KiB and more are kept for reuse by the next allocation of the same size
-// (as PyTorch's CUDA caching allocator does), up to the highest current_bytes ever reached.
+// Freed blocks of 64 KiB and more are kept for reuse by the next allocation of the same size,
+// up to the highest current_bytes ever reached (docs/api.md, "Memory").
 // empty_cache() returns them to the system, like torch.cuda.empty_cache().
 void empty_cache();
 // Turns that caching off (emptying the cache) or back on; on by default.

@@ -11,6 +11,7 @@
 #include "checkpoint/format.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tiling.h"
+#include "memory/allocator_caching.h"
 
 namespace fsdpp::checkpoint {
 
@@ -89,11 +90,13 @@ void load_from(State& state, const Metadata& m, const std::string& dir, const st
 }  // namespace
 
 void load(State& state, const std::string& dir, const LoadOptions& options) {
+  fsdpp::detail::NoCachingScope no_caching;  // the read buffers' sizes do not recur in training
   const Metadata m = read_metadata(dir);
   load_from(state, m, dir, "checkpoint " + dir, options.verify_, /*confine=*/true);
 }
 
 void load_safetensors(State& state, const std::string& file) {
+  fsdpp::detail::NoCachingScope no_caching;
   File f = File::open_read(file);
   const SafetensorsHeader header = read_safetensors_header(f);
   // The file as a checkpoint of whole tensors, one chunk each, without checksums.

@@ -14,6 +14,7 @@
 #include "comm/chained_collectives.h"
 #include "fsdp/fsdp_collectives.h"
 #include "fsdp/testing_delays.h"
+#include "memory/allocator_caching.h"
 #include "profiler/timeline.h"
 
 namespace fsdpp::detail {
@@ -50,6 +51,8 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> p
   check_same_on_all_ranks();
   flat_ = UnitFlatLayout(params_, world_size_);
   compute_device_ = first.device();
+  // The full parameters this frees are never allocated again: back to the system, not cached.
+  NoCachingScope no_caching;
   bind_flat_buffers(sharded_options(first.scalar_type()), /*initial=*/true);
 }
 

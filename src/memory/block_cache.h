@@ -1,6 +1,6 @@
 #pragma once
-// Freed CPU blocks kept for reuse, keyed by exact size, as c10's mobile CPUCachingAllocator
-// and the CUDA caching allocator do. A training step frees and re-allocates the same sizes
+// Freed CPU blocks kept for reuse, keyed by exact size, as c10's mobile CPUCachingAllocator does
+// (PyTorch's CUDA caching allocator keeps blocks too, but rounds and splits them). A training step frees and re-allocates the same sizes
 // every iteration (FSDP's unit-sized buffers, activations, gradients); handing those blocks
 // back to the kernel and faulting fresh pages in again costs more than the arithmetic on
 // them (measured in docs/benchmarks.md: a fresh 3 MiB block takes 18.7 ms to touch on the
@@ -16,6 +16,9 @@ namespace fsdpp::detail {
 
 class CPUBlockCache {
  public:
+  // fork_safe: the cache's lock is held across fork() (for the process-wide cache; one per process).
+  explicit CPUBlockCache(bool fork_safe = false);
+
   // Blocks below this come from malloc's arenas, which reuse them without faulting.
   static constexpr size_t kMinBytes = size_t{64} << 10;
 
@@ -36,7 +39,8 @@ class CPUBlockCache {
     void* ptr;
     size_t nbytes;
   };
-  void evict_oldest();
+  // Drops the oldest block from the bookkeeping (lock held); the caller frees it.
+  void* evict_oldest();
 
   mutable std::mutex mutex_;
   bool enabled_ = true;

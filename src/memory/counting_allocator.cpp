@@ -11,6 +11,7 @@
 #include <c10/core/CPUAllocator.h>
 
 #include "compat/cpu_allocator.h"
+#include "memory/allocator_caching.h"
 #include "memory/block_cache.h"
 
 // Under AddressSanitizer a cached block's data is poisoned, so a use after free is still reported.
@@ -30,10 +31,11 @@ std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
 std::atomic<int64_t> g_allocations{0};
 std::atomic<int64_t> g_high_water{0};  // never reset: bounds the cache
+thread_local int t_no_caching = 0;      // NoCachingScope depth on this thread
 
 // Never destroyed: tensors freed during static destruction still reach it.
 detail::CPUBlockCache& cache() {
-  static auto* c = new detail::CPUBlockCache();
+  static auto* c = new detail::CPUBlockCache(/*fork_safe=*/true);
   return *c;
 }
 
@@ -56,9 +58,11 @@ void release(void* data) {
   char* block = static_cast<char*>(data) - kHeader;
   int64_t size = *reinterpret_cast<int64_t*>(block);
   count(-size);
-  FSDPP_POISON(data, size);
-  if (cache().keep(block, static_cast<size_t>(size), g_high_water.load())) return;
-  FSDPP_UNPOISON(data, size);
+  if (t_no_caching == 0) {
+    FSDPP_POISON(data, size);
+    if (cache().keep(block, static_cast<size_t>(size), g_high_water.load())) return;
+    FSDPP_UNPOISON(data, size);
+  }
   std::free(block);
 }
 
@@ -67,7 +71,10 @@ class CountingCPUAllocator final : public compat::CPUAllocatorBase {
   c10::DataPtr allocate_bytes(size_t nbytes) const override {
     void* raw = cache().take(nbytes);
     if (raw) FSDPP_UNPOISON(static_cast<char*>(raw) + kHeader, nbytes);
-    else if (posix_memalign(&raw, kHeader, nbytes + kHeader) != 0) throw std::bad_alloc();
+    else if (posix_memalign(&raw, kHeader, nbytes + kHeader) != 0) {
+      cache().clear();  // out of memory: what the cache holds first, then try again
+      if (posix_memalign(&raw, kHeader, nbytes + kHeader) != 0) throw std::bad_alloc();
+    }
     char* block = static_cast<char*>(raw);
     *reinterpret_cast<int64_t*>(block) = static_cast<int64_t>(nbytes);
     count(static_cast<int64_t>(nbytes));
@@ -90,6 +97,11 @@ MemoryStats memory_stats() {
 }
 
 void empty_cache() { cache().clear(); }
+
+namespace detail {
+NoCachingScope::NoCachingScope() { ++t_no_caching; }
+NoCachingScope::~NoCachingScope() { --t_no_caching; }
+}  // namespace detail
 
 void set_allocator_caching(bool enabled) { cache().set_enabled(enabled); }
 

@@ -8,6 +8,7 @@
 
 #include <fsdpp/memory.h>
 
+#include "memory/allocator_caching.h"
 #include "memory/block_cache.h"
 
 namespace fsdpp {
@@ -55,8 +56,25 @@ TEST(MemoryStats, FreedBlocksAreReusedBySameSize) {
   EXPECT_EQ(again.data_ptr(), first);
   EXPECT_EQ(memory_stats().cached_bytes, 0);
   EXPECT_EQ(memory_stats().current_bytes, base + (1 << 20));
+  again = at::Tensor();
   at::Tensor other = at::empty({(1 << 18) + 1}, at::kFloat);  // another size: not that block
   EXPECT_NE(other.data_ptr(), first);
+  EXPECT_EQ(memory_stats().cached_bytes, 1 << 20);
+  empty_cache();
+}
+
+TEST(MemoryStats, BlocksFreedInANoCachingScopeGoBackToTheSystem) {
+  empty_cache();
+  at::Tensor big = at::empty({1 << 18}, at::kFloat);
+  {
+    detail::NoCachingScope no_caching;
+    big = at::Tensor();
+  }
+  EXPECT_EQ(memory_stats().cached_bytes, 0);
+  big = at::empty({1 << 18}, at::kFloat);
+  big = at::Tensor();
+  EXPECT_EQ(memory_stats().cached_bytes, 1 << 20);
+  empty_cache();
 }
 
 TEST(MemoryStats, SmallBlocksAreNotCached) {
