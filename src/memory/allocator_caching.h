@@ -11,6 +11,8 @@ class NoCachingScope {
   ~NoCachingScope();
   NoCachingScope(const NoCachingScope&) = delete;
   NoCachingScope& operator=(const NoCachingScope&) = delete;
+  // Whether one is alive on this thread.
+  static bool active();
 };
 
 }  // namespace fsdpp::detail

@@ -31,7 +31,6 @@ std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
 std::atomic<int64_t> g_allocations{0};
 std::atomic<int64_t> g_high_water{0};  // never reset: bounds the cache
-thread_local int t_no_caching = 0;      // NoCachingScope depth on this thread
 
 // Never destroyed: tensors freed during static destruction still reach it.
 detail::CPUBlockCache& cache() {
@@ -58,7 +57,7 @@ void release(void* data) {
   char* block = static_cast<char*>(data) - kHeader;
   int64_t size = *reinterpret_cast<int64_t*>(block);
   count(-size);
-  if (t_no_caching == 0) {
+  if (!detail::NoCachingScope::active()) {
     FSDPP_POISON(data, size);
     if (cache().keep(block, static_cast<size_t>(size), g_high_water.load())) return;
     FSDPP_UNPOISON(data, size);
@@ -98,10 +97,6 @@ MemoryStats memory_stats() {
 
 void empty_cache() { cache().clear(); }
 
-namespace detail {
-NoCachingScope::NoCachingScope() { ++t_no_caching; }
-NoCachingScope::~NoCachingScope() { --t_no_caching; }
-}  // namespace detail
 
 void set_allocator_caching(bool enabled) { cache().set_enabled(enabled); }
 
