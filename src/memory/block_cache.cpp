@@ -40,7 +40,7 @@ bool CPUBlockCache::keep(void* block, size_t nbytes, int64_t limit) {
     try {
       auto& same_size = by_size_[nbytes];
       same_size.reserve(same_size.size() + 1);
-      evicted.reserve(by_age_.size());
+      if (cached_bytes_ + size > limit) evicted.reserve(by_age_.size());  // rare: no allocation per free
       while (cached_bytes_ + size > limit) evicted.push_back(evict_oldest());
       same_size.push_back(by_age_.insert(by_age_.end(), Block{block, nbytes}));
       cached_bytes_ += size;

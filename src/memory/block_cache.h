@@ -1,10 +1,10 @@
 #pragma once
-// Freed CPU blocks kept for reuse, keyed by exact size, as c10's mobile CPUCachingAllocator does
-// (PyTorch's CUDA caching allocator keeps blocks too, but rounds and splits them). A training step frees and re-allocates the same sizes
-// every iteration (FSDP's unit-sized buffers, activations, gradients); handing those blocks
-// back to the kernel and faulting fresh pages in again costs more than the arithmetic on
-// them (measured in docs/benchmarks.md: a fresh 3 MiB block takes 18.7 ms to touch on the
-// benchmark VM, a reused one 0.15 ms).
+// Freed CPU blocks kept for reuse, keyed by exact size, as c10's mobile CPUCachingAllocator
+// does (PyTorch's CUDA caching allocator keeps blocks too, but rounds and splits them). A
+// training step frees and re-allocates the same sizes every iteration (FSDP's unit-sized
+// buffers, activations, gradients); handing those blocks back to the kernel and faulting fresh
+// pages in again costs more than the arithmetic on them (bench_fresh_pages on the benchmark
+// VM: touching a fresh 3 MiB block 8-19 ms, a reused one 0.03 ms; docs/benchmarks.md).
 #include <cstddef>
 #include <cstdint>
 #include <list>
