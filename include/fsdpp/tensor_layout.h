@@ -11,6 +11,10 @@
 //   fsdpp::TensorLayout layout({5, 3}, fsdpp::Placement::shard(0), group);  // N = 2
 //   layout.local_shape(1);             // {2, 3}: rows [3, 5)
 //   at::Tensor mine = layout.local_of_full(whole);
+//
+// A layout over several mesh dimensions (2-D FSDP x TP: a TP Shard over the tp group, then
+// FSDP's Shard(0) of each TP-local part over dp) is given as the block each rank of one group
+// spanning the mesh holds (blocks()); placements() then lists one placement per mesh dimension.
 #include <cstdint>
 #include <vector>
 
@@ -26,6 +30,10 @@ class TensorLayout {
  public:
   TensorLayout() = default;
   TensorLayout(std::vector<int64_t> global_shape, Placement placement, ProcessGroup group);
+  // Over several mesh dimensions: `blocks[r]` is what group rank r holds (its placement r; a
+  // block may be empty). The blocks must tile the tensor without overlap.
+  TensorLayout(std::vector<int64_t> global_shape, std::vector<Placement> placements, ProcessGroup group,
+               std::vector<ShardMetadata> blocks);
 
   const std::vector<int64_t>& global_shape() const { return global_shape_; }
   // One per mesh dimension (a process group is a 1-D mesh).
@@ -33,7 +41,11 @@ class TensorLayout {
   const ProcessGroup& process_group() const { return group_; }
   int64_t numel() const;
 
-  // Along the sharded dim (Shard only): slices per rank's chunk, and what `rank` holds.
+  // Whether the layout was given as blocks (several mesh dimensions).
+  bool is_blocks() const { return !blocks_.empty(); }
+  // Every rank's block, in group-rank order (layouts given as blocks only).
+  const std::vector<ShardMetadata>& blocks() const { return blocks_; }
+  // Along the sharded dim (one Shard placement only): slices per rank's chunk, and what `rank` holds.
   int64_t chunk_size() const { return chunk_; }
   int64_t local_size(int rank) const;
   int64_t local_offset(int rank) const;
@@ -60,6 +72,7 @@ class TensorLayout {
   int64_t extent_ = 1;  // the sharded dim's size (1 for a 0-dim tensor)
   int64_t chunk_ = 1;
   std::vector<ShardMetadata> shards_;
+  std::vector<ShardMetadata> blocks_;  // every rank's, when given as blocks
 };
 
 }  // namespace fsdpp

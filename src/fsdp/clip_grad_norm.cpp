@@ -8,8 +8,9 @@
 // replicate all-reduce, so reducing over the shard group counts every element once (FSDP1
 // reduces over its process group, the shard group, the same way). Parameters no unit shards
 // (ignored, DDP, plain) are replicated: this rank's gradient counts once, without communication
-// (FSDP1's "nonsharded" parameters). Only FSDP's public API is used: sharded_parameters() and
-// process_group() of each unit.
+// (FSDP1's "nonsharded" parameters). Tensor-parallel parts are summed over the ranks that
+// partition them (below). Only the public APIs are used: sharded_parameters() and
+// process_group() of each unit, tensor_parallel_parameters().
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -26,6 +27,8 @@
 #include <fsdpp/error.h>
 #include <fsdpp/fully_shard.h>
 #include <fsdpp/tensor_parallel.h>
+
+#include "common/shape_string.h"
 
 namespace fsdpp {
 
@@ -104,14 +107,6 @@ at::Tensor clip_grad_norm_(torch::nn::Module& module, double max_norm, double no
   if (std::isnan(max_norm))
     throw Error("clip_grad_norm_: max_norm is NaN");
 
-  // A tensor-parallel gradient is a part of the global one on each TP rank: this rank's norm
-  // alone would scale the TP ranks differently, so refuse rather than clip wrongly.
-  const auto tp = tensor_parallel_parameters(module);
-  if (!tp.empty())
-    for (const auto& item : module.named_parameters())
-      if (item.value().unsafeGetTensorImpl() == tp.front().param.unsafeGetTensorImpl())
-        throw Error("clip_grad_norm_: '" + item.key() +
-                    "' is tensor-parallel; clipping tensor-parallel (and 2-D FSDP x TP) models is not supported yet");
   const std::vector<ParamRef> params = unique_parameters(module);
   // The accumulation dtype: float32 at least (as FSDP1's _get_grad_norm), float64 if any
   // parameter is float64. Decided from the parameters, not the gradients, so that every rank
@@ -121,16 +116,38 @@ at::Tensor clip_grad_norm_(torch::nn::Module& module, double max_norm, double no
     if (at::isFloatingType(p.param.scalar_type())) dtype = c10::promoteTypes(dtype, p.param.scalar_type());
   const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().param.device();
 
-  // Which unit shard group each sharded parameter belongs to.
+  // The group over which each partitioned gradient's parts lie: a unit's shard group; a
+  // tensor-parallel Shard's TP group; both (2-D FSDP x TP): the default group, which the dp x tp
+  // mesh must span (so no replica counts twice). A TP Replicate gradient is the same on its TP
+  // ranks, as any replicated one.
   std::map<std::vector<int>, ProcessGroup> groups;                    // by global ranks: one order on every rank
   std::map<const c10::TensorImpl*, const std::vector<int>*> group_of;  // parameter -> its group's key
+  std::map<const c10::TensorImpl*, ProcessGroup> tp_group_of;         // TP Shard parameters
+  for (const auto& p : tensor_parallel_parameters(module))
+    if (p.layout.placements().front().is_shard()) tp_group_of[p.param.unsafeGetTensorImpl()] = p.layout.process_group();
+  auto join = [&](const at::Tensor& param, const ProcessGroup& group) {
+    group_of[param.unsafeGetTensorImpl()] = &groups.emplace(group.ranks(), group).first->first;
+  };
   for (FSDPModule* unit : units_of(module)) {
-    const auto sharded = unit->sharded_parameters();
-    if (sharded.empty()) continue;
     const ProcessGroup& group = unit->process_group();
-    auto it = groups.emplace(group.ranks(), group).first;
-    for (const auto& sp : sharded) group_of[sp.param.unsafeGetTensorImpl()] = &it->first;
+    for (const auto& sp : unit->sharded_parameters()) {
+      auto tp = tp_group_of.find(sp.param.unsafeGetTensorImpl());
+      if (tp == tp_group_of.end()) {
+        join(sp.param, group);
+        continue;
+      }
+      const ProcessGroup world = default_group();
+      if (group.size() * tp->second.size() != world.size())
+        throw Error("clip_grad_norm_: a 2-D parameter (" + detail::shape_string(sp.layout.global_shape()) +
+                    " TP part) is sharded over " + group.name() + " and " + tp->second.name() + ", whose " +
+                    std::to_string(group.size()) + " x " + std::to_string(tp->second.size()) +
+                    " ranks are not the default group of " + std::to_string(world.size()) +
+                    "; clipping 2-D models needs a (dp, tp) mesh spanning the world");
+      join(sp.param, world);
+      tp_group_of.erase(tp);
+    }
   }
+  for (const auto& [impl, tp] : tp_group_of) group_of[impl] = &groups.emplace(tp.ranks(), tp).first->first;
 
   std::map<std::vector<int>, NormAccumulator> sharded_parts;
   for (const auto& [ranks, group] : groups) sharded_parts.emplace(ranks, NormAccumulator(norm_type, dtype, device));

@@ -1,7 +1,12 @@
 #include "state_dict/model_layout.h"
 
+#include <algorithm>
+#include <map>
 #include <unordered_map>
 
+#include <ATen/ATen.h>
+
+#include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 #include <fsdpp/tensor_parallel.h>
 
@@ -28,7 +33,7 @@ void visit_module(torch::nn::Module& m, const std::string& prefix, const Owners&
   if (auto* unit = dynamic_cast<FSDPModule*>(&m))
     if (!unit->sharded_parameter_names().empty()) out.units.push_back({prefix + "_flat_param", unit, out.entries.size()});
   for (const auto& item : m.named_parameters(/*recurse=*/false)) {
-    ModelEntry e{prefix + item.key(), item.value(), false, std::nullopt, nullptr, std::nullopt};
+    ModelEntry e{prefix + item.key(), item.value(), false, std::nullopt, nullptr, std::nullopt, std::nullopt};
     auto it = owners.find(item.value().unsafeGetTensorImpl());
     if (it != owners.end()) {
       e.sharded = it->second.param;
@@ -38,10 +43,74 @@ void visit_module(torch::nn::Module& m, const std::string& prefix, const Owners&
     out.entries.push_back(std::move(e));
   }
   for (const auto& item : m.named_buffers(/*recurse=*/false))
-    out.entries.push_back({prefix + item.key(), item.value(), true, std::nullopt, nullptr, std::nullopt});
+    out.entries.push_back({prefix + item.key(), item.value(), true, std::nullopt, nullptr, std::nullopt, std::nullopt});
   for (const auto& child : m.named_children())
     visit_module(*child.value(), is_wrapper_segment(child.key()) ? prefix : prefix + child.key() + ".", owners, tp,
                  out);
+}
+
+// The global ranks of a (dp, tp) mesh, dp-major: grid[i * T + j] is the rank at dp i, tp j.
+// Each dp member contributes its tp group's ranks (all-gather over dp).
+std::vector<int> two_d_grid(const std::string& key, const ProcessGroup& dp, const ProcessGroup& tp) {
+  const int64_t t = tp.size();
+  at::Tensor mine = at::empty({t}, at::kLong);
+  for (int64_t j = 0; j < t; ++j) mine[j] = tp.ranks()[j];
+  at::Tensor all = at::empty({dp.size() * t}, at::kLong);
+  if (dp.size() > 1)
+    all_gather_into_tensor(all, mine, dp);
+  else
+    all.copy_(mine);
+  std::vector<int> grid(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
+  std::vector<int> sorted = grid, world = default_group().ranks();
+  std::sort(sorted.begin(), sorted.end());
+  std::sort(world.begin(), world.end());
+  if (sorted != world)
+    throw Error("'" + key + "' is 2-D (FSDP over " + dp.name() + " of a TP part over " + tp.name() + "), but the " +
+                std::to_string(dp.size()) + " x " + std::to_string(t) +
+                " mesh of its ranks is not the default group of " + std::to_string(world.size()) +
+                " ranks; sharded state of 2-D models needs a (dp, tp) mesh spanning the world");
+  return grid;
+}
+
+// A 2-D entry's layout: the TP Shard over tp, then FSDP's Shard over dp of each TP-local part
+// (every tp rank's FSDP unit shards its own part), as the block each rank of the world holds.
+TensorLayout two_d_layout(const ModelEntry& e, const std::vector<int>& grid) {
+  const TensorLayout& tp = *e.tp_layout;
+  const TensorLayout& fsdp = e.sharded->layout;
+  const ProcessGroup world = default_group();
+  const int t = tp.process_group().size(), d = fsdp.process_group().size();
+  const int64_t tp_dim = tp.placements().front().dim(), fsdp_dim = fsdp.placements().front().dim();
+  std::vector<ShardMetadata> blocks(world.size());
+  for (int j = 0; j < t; ++j) {
+    const TensorLayout part(tp.local_shape(j), fsdp.placements().front(), fsdp.process_group());
+    for (int i = 0; i < d; ++i) {
+      ShardMetadata& b = blocks[world.group_rank(grid[static_cast<size_t>(i) * t + j])];
+      b.placement = world.group_rank(grid[static_cast<size_t>(i) * t + j]);
+      b.shard_offsets.assign(tp.global_shape().size(), 0);
+      b.shard_offsets[tp_dim] = tp.local_offset(j);
+      b.shard_sizes = part.local_shape(i);
+      b.shard_offsets[fsdp_dim] += part.local_offset(i);
+    }
+  }
+  return TensorLayout(tp.global_shape(), {fsdp.placements().front(), tp.placements().front()}, world, std::move(blocks));
+}
+
+// Each entry's layout (ModelEntry::layout); 2-D ones learn their mesh once per (dp, tp) pair.
+void set_layouts(ModelLayout& layout) {
+  std::map<std::pair<std::string, std::string>, std::vector<int>> grids;
+  for (auto& e : layout.entries) {
+    const bool tp_shard = e.tp_layout && e.tp_layout->placements().front().is_shard();
+    if (tp_shard && e.sharded) {
+      const ProcessGroup &dp = e.sharded->layout.process_group(), &tp = e.tp_layout->process_group();
+      auto it = grids.find({dp.name(), tp.name()});
+      if (it == grids.end()) it = grids.emplace(std::make_pair(dp.name(), tp.name()), two_d_grid(e.key, dp, tp)).first;
+      e.layout = two_d_layout(e, it->second);
+    } else if (e.sharded) {
+      e.layout = e.sharded->layout;
+    } else if (tp_shard) {
+      e.layout = e.tp_layout;
+    }
+  }
 }
 
 }  // namespace
@@ -57,6 +126,7 @@ ModelLayout collect_layout(torch::nn::Module& model) {
   for (const auto& p : tensor_parallel_parameters(model)) tp.emplace(p.param.unsafeGetTensorImpl(), p.layout);
   ModelLayout layout;
   visit_module(model, "", owners, tp, layout);
+  set_layouts(layout);
   return layout;
 }
 

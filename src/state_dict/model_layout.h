@@ -24,6 +24,11 @@ struct ModelEntry {
   // Set for a tensor-parallel parameter: its global shape and placement over the TP group. An
   // FSDP unit then shards (and gathers) the TP-local part, whose shape is this layout's local one.
   std::optional<TensorLayout> tp_layout;
+  // How its value lies over the ranks in SHARDED state dicts and optimizer state: the unit's
+  // layout (FSDP), the TP layout (a TP Shard without FSDP), both composed as blocks over the
+  // default group (2-D: a TP Shard, then FSDP over dp). Unset: whole on every rank (a TP
+  // Replicate parameter is the FSDP layout's, or whole, as its tp ranks hold the same).
+  std::optional<TensorLayout> layout;
 };
 
 // An FSDP unit that shards parameters, with the key of its LOCAL flat parameter
@@ -39,6 +44,8 @@ struct ModelLayout {
   std::vector<UnitEntry> units;     // units with parameters, module order
 };
 
+// Collective when the model is 2-D (FSDP x TP): one all-gather over each unit's group, to learn
+// which rank holds which block. Every rank of the model calls it alike.
 ModelLayout collect_layout(torch::nn::Module& model);
 
 // Throws naming the first tensor-parallel entry: what `api` cannot do for TP (and 2-D FSDP x TP)

@@ -153,8 +153,10 @@ StateDict produce(torch::nn::Module& model, StateDictType type, bool offload, bo
   at::NoGradGuard no_grad;
   ModelLayout layout = detail::collect_layout(model);
   StateDict sd;
-  // Without FSDP units every entry is whole: the dict is a FULL one whatever was asked.
-  sd.type = layout.units.empty() ? StateDictType::FULL_STATE_DICT : type;
+  // Without FSDP units or TP shards every entry is whole: the dict is a FULL one whatever was asked.
+  const bool sharded_entries = std::any_of(layout.entries.begin(), layout.entries.end(),
+                                           [](const ModelEntry& e) { return e.layout.has_value(); });
+  sd.type = sharded_entries ? type : StateDictType::FULL_STATE_DICT;
   if (type == StateDictType::FULL_STATE_DICT) {
     // Every rank takes part in the gathers, rank0_only or not: FSDP's over each unit's group,
     // then a tensor-parallel entry's over its TP group (in module order, the same on every rank).
@@ -174,8 +176,10 @@ StateDict produce(torch::nn::Module& model, StateDictType type, bool offload, bo
     for (size_t i = 0; i < layout.entries.size(); ++i) sd.insert(layout.entries[i].key, offloaded(values[i], offload));
     return sd;
   }
-  detail::refuse_tensor_parallel(layout, "model state dict", to_string(type),
-                                 "take a FULL state dict (full_state_dict(true) or FULL_STATE_DICT)");
+  // A LOCAL dict holds flat FSDP shards of TP-local parts, which nothing here can place yet.
+  if (type == StateDictType::LOCAL_STATE_DICT)
+    detail::refuse_tensor_parallel(layout, "model state dict", to_string(type),
+                                   "take a FULL or SHARDED state dict (FULL_STATE_DICT or SHARDED_STATE_DICT)");
   size_t next_unit = 0;
   for (size_t i = 0; i <= layout.entries.size(); ++i) {
     if (type == StateDictType::LOCAL_STATE_DICT)
@@ -183,10 +187,11 @@ StateDict produce(torch::nn::Module& model, StateDictType type, bool offload, bo
         sd.insert(layout.units[next_unit].flat_key, offload_sharded(layout.units[next_unit].unit->flat_parameter(), offload));
     if (i == layout.entries.size()) break;
     const ModelEntry& e = layout.entries[i];
-    if (!e.sharded) {
+    if (type == StateDictType::SHARDED_STATE_DICT && e.layout) {
+      const at::Tensor& local = e.sharded ? e.sharded->local_shard : e.tensor;
+      sd.insert(e.key, offload_sharded(e.layout->to_sharded_tensor(local, /*copy=*/true), offload));
+    } else if (!(type == StateDictType::LOCAL_STATE_DICT && e.sharded)) {  // LOCAL: in its unit's flat parameter
       sd.insert(e.key, offloaded(e.tensor.detach().clone(), offload));
-    } else if (type == StateDictType::SHARDED_STATE_DICT) {
-      sd.insert(e.key, offload_sharded(e.sharded->layout.to_sharded_tensor(e.sharded->local_shard, /*copy=*/true), offload));
     }
   }
   return sd;
@@ -292,27 +297,6 @@ struct Write {
   std::function<at::Tensor()> src;  // may communicate (redistribution); called in module order
 };
 
-// A tensor-parallel entry (FSDP-sharded or not) from a whole value of its global shape: cut by its
-// TP layout, then, under FSDP, by the unit's layout. A ShardedTensor is refused (TP SHARDED
-// state dicts are not supported yet).
-Write plan_tensor_parallel_write(const LoadRequest& req, const ModelEntry& e, const StateDictValue& v) {
-  const TensorLayout& tp = *e.tp_layout;
-  if (!v.is_tensor())
-    throw Error(req.api + ": '" + e.key + "' is a ShardedTensor but the model's '" + e.key + "' is tensor-parallel (" +
-                tp.placements().front().to_string() + " over " + std::to_string(tp.process_group().size()) +
-                " ranks); SHARDED state dicts of tensor-parallel models are not supported yet: load a FULL one");
-  if (req.expected == StateDictType::SHARDED_STATE_DICT || req.expected == StateDictType::LOCAL_STATE_DICT)
-    throw Error(req.api + ": '" + e.key + "' is tensor-parallel; the model's state_dict_type is " +
-                to_string(*req.expected) + ", which tensor-parallel models do not support yet: use FULL_STATE_DICT");
-  check_shape(req.api, e.key, v.sizes(), tp.global_shape());
-  const at::Tensor src = v.tensor();
-  const TensorLayout* fsdp = e.sharded ? &e.sharded->layout : nullptr;
-  return {e.tensor, [&tp, fsdp, src] {
-            at::Tensor mine = tp.local_of_full(src);
-            return fsdp ? fsdp->local_of_full(mine) : mine;
-          }};
-}
-
 // Plan: checks every present entry (shape, whole or sharded as the kind says) and says where
 // its value goes and how this rank's part of it is found.
 std::vector<Write> plan_writes(const LoadRequest& req) {
@@ -322,19 +306,16 @@ std::vector<Write> plan_writes(const LoadRequest& req) {
     if (req.local() && e.sharded) continue;
     const StateDictValue* v = req.sd.find(e.key);
     if (!v) continue;
-    if (e.tp_layout) {
-      writes.push_back(plan_tensor_parallel_write(req, e, *v));
-      continue;
-    }
-    if (!e.sharded) {
+    if (!e.layout) {
       if (!v->is_tensor())
-        throw Error(api + ": '" + e.key + "' is a ShardedTensor but the model holds it whole (not sharded by FSDP)");
+        throw Error(api + ": '" + e.key + "' is a ShardedTensor but the model holds it whole (sharded neither by FSDP "
+                    "nor by tensor parallelism)");
       check_shape(api, e.key, v->tensor().sizes().vec(), e.tensor.sizes().vec());
       at::Tensor src = v->tensor();
       writes.push_back({e.tensor, [src] { return src; }});
       continue;
     }
-    const TensorLayout& layout = e.sharded->layout;
+    const TensorLayout& layout = *e.layout;
     check_shape(api, e.key, v->sizes(), layout.global_shape());
     if (v->is_tensor()) {
       if (req.expected == StateDictType::SHARDED_STATE_DICT)
@@ -399,7 +380,8 @@ IncompatibleKeys load(torch::nn::Module& model, const StateDict& sd, std::option
                       const std::string& api) {
   const LoadRequest req{sd, detail::collect_layout(model), expected, api};
   // A LOCAL dict holds flat FSDP shards of TP-local parts, which nothing here can place yet.
-  if (req.local()) detail::refuse_tensor_parallel(req.layout, api, "LOCAL_STATE_DICT", "load a FULL state dict");
+  if (req.local())
+    detail::refuse_tensor_parallel(req.layout, api, "LOCAL_STATE_DICT", "load a FULL or SHARDED state dict");
   IncompatibleKeys result = check_keys(req, strict);
   const std::vector<Write> writes = plan_writes(req);
   commit(req, writes, resolve(writes));

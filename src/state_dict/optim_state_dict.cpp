@@ -52,7 +52,7 @@ const ParamInfo& info_of(const std::unordered_map<const c10::TensorImpl*, ParamI
   return it->second;
 }
 
-const ProcessGroup& group_of(const detail::ModelEntry& e) { return e.sharded->layout.process_group(); }
+const ProcessGroup& group_of(const detail::ModelEntry& e) { return e.layout->process_group(); }
 
 // ---- set_optimizer_state_dict: check, plan, resolve, commit --------------------------------
 // The shape of checkpoint::load: nothing is written until every entry has been checked and
@@ -160,12 +160,12 @@ void check_entries(const LoadPlan& plan, const OptimizerStateTraits& traits, con
         throw Error(api + ": '" + key + "' has state entry '" + name + "', which " + c10::demangle(typeid(optim).name()) +
                     " does not keep");
       const std::vector<int64_t> expected =
-          pl.entry->sharded ? pl.entry->sharded->layout.global_shape() : pl.entry->tensor.sizes().vec();
+          pl.entry->layout ? pl.entry->layout->global_shape() : pl.entry->tensor.sizes().vec();
       if (value.sizes() != expected)
         throw Error(api + ": size mismatch for '" + key + "' entry '" + name + "': the state dict has shape " +
                     detail::shape_string(value.sizes()) + ", the parameter in the current model has " +
                     detail::shape_string(expected));
-      if (value.is_sharded() && !pl.entry->sharded)
+      if (value.is_sharded() && !pl.entry->layout)
         throw Error(api + ": '" + key + "' entry '" + name + "' is a ShardedTensor but the model holds '" + key + "' whole");
     }
     for (const auto& name : traits.required)
@@ -189,10 +189,10 @@ std::vector<std::pair<compat::OptimizerStateKey, std::unique_ptr<OptimizerParamS
       const StateDictValue* v = pl.entries->find(names[j]);
       if (!v) continue;
       at::Tensor local;
-      if (!e.sharded) {
+      if (!e.layout) {
         local = v->tensor().detach().clone();
       } else {
-        const TensorLayout& layout = e.sharded->layout;
+        const TensorLayout& layout = *e.layout;
         local = v->is_sharded() ? layout.local_from(v->sharded_tensor()) : layout.local_of_full(v->tensor());
         local = local.contiguous().clone();
       }
@@ -222,8 +222,6 @@ OptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torc
   const bool full = options.full_state_dict_, offload = options.cpu_offload_;
   at::NoGradGuard no_grad;
   detail::ModelLayout layout = detail::collect_layout(model);
-  // A TP parameter's state is TP-local: neither a whole value nor FSDP rows of one.
-  detail::refuse_tensor_parallel(layout, api, "optimizer state dicts", "");
   auto by_impl = params_by_impl(layout);
   const auto& names = traits.entries;
 
@@ -241,7 +239,7 @@ OptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torc
       const detail::ModelEntry& e = *info.entry;
       std::vector<at::Tensor> tensors = st ? traits.tensors(*st) : std::vector<at::Tensor>(names.size());
       int64_t step = st ? traits.step(*st) : 0;
-      if (e.sharded) {
+      if (e.layout) {
         // The ranks agree on which entries exist (a rank holding no rows may have none) and on
         // the step, so every rank joins the same gathers.
         std::vector<int64_t> flags{st ? 1 : 0, step};
@@ -255,7 +253,7 @@ OptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torc
         if (traits.has_step) entries.insert("step", at::scalar_tensor(step, at::kLong));
         for (size_t j = 0; j < names.size(); ++j) {
           if (agreed[2 + static_cast<int64_t>(j)].item<int64_t>() == 0) continue;
-          const TensorLayout& layout = e.sharded->layout;
+          const TensorLayout& layout = *e.layout;
           at::Tensor local = tensors[j].defined()
                                  ? tensors[j]
                                  : at::zeros(layout.local_shape(rank), p.options().requires_grad(false));
@@ -303,7 +301,6 @@ void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer&
   check_request(sd, options, api);
   const OptimizerStateTraits& traits = detail::optimizer_state_traits(optim);
   detail::ModelLayout layout = detail::collect_layout(model);
-  detail::refuse_tensor_parallel(layout, api, "optimizer state dicts", "");
   LoadPlan plan = plan_load(optim, sd, params_by_impl(layout), api);
   check_entries(plan, traits, optim, api);
   commit(optim, plan, resolve(plan, traits));

@@ -38,6 +38,34 @@ TensorLayout::TensorLayout(std::vector<int64_t> global_shape, Placement placemen
   }
 }
 
+TensorLayout::TensorLayout(std::vector<int64_t> global_shape, std::vector<Placement> placements, ProcessGroup group,
+                           std::vector<ShardMetadata> blocks)
+    : global_shape_(std::move(global_shape)), placements_(std::move(placements)), group_(std::move(group)),
+      blocks_(std::move(blocks)) {
+  const auto where = [&](size_t r) { return "TensorLayout: rank " + std::to_string(r) + "'s block"; };
+  if (static_cast<int>(blocks_.size()) != group_.size())
+    throw Error("TensorLayout: " + std::to_string(blocks_.size()) + " blocks for a group of " +
+                std::to_string(group_.size()) + " ranks");
+  int64_t covered = 0;
+  for (size_t r = 0; r < blocks_.size(); ++r) {
+    const ShardMetadata& b = blocks_[r];
+    if (b.placement != static_cast<int>(r) || b.shard_offsets.size() != global_shape_.size() ||
+        b.shard_sizes.size() != global_shape_.size())
+      throw Error(where(r) + " does not match rank " + std::to_string(r) + " and shape " + shape_string(global_shape_));
+    for (size_t d = 0; d < global_shape_.size(); ++d)
+      if (b.shard_offsets[d] < 0 || b.shard_sizes[d] < 0 || b.shard_offsets[d] + b.shard_sizes[d] > global_shape_[d])
+        throw Error(where(r) + " at " + shape_string(b.shard_offsets) + " of shape " + shape_string(b.shard_sizes) +
+                    " lies outside " + shape_string(global_shape_));
+    if (b.numel() > 0) shards_.push_back(b);
+    covered += b.numel();
+  }
+  // Blocks inside the tensor whose sizes add up to it tile it exactly when none overlap; the
+  // builders cut disjoint blocks, so the sum is the check that catches a wrong cut.
+  if (covered != numel())
+    throw Error("TensorLayout: blocks of " + std::to_string(covered) + " elements for a tensor of shape " +
+                shape_string(global_shape_));
+}
+
 int64_t TensorLayout::numel() const {
   int64_t n = 1;
   for (int64_t s : global_shape_) n *= s;
@@ -45,16 +73,19 @@ int64_t TensorLayout::numel() const {
 }
 
 int64_t TensorLayout::local_size(int rank) const {
+  if (is_blocks()) throw Error("TensorLayout: local_size of a layout given as blocks; use local_shape");
   if (placements_.front().is_replicate()) return extent_;
   return std::max<int64_t>(0, std::min(chunk_, extent_ - rank * chunk_));
 }
 
 int64_t TensorLayout::local_offset(int rank) const {
+  if (is_blocks()) throw Error("TensorLayout: local_offset of a layout given as blocks; use blocks()");
   if (placements_.front().is_replicate()) return 0;
   return std::min(rank * chunk_, extent_);
 }
 
 std::vector<int64_t> TensorLayout::local_shape(int rank) const {
+  if (is_blocks()) return blocks_.at(rank).shard_sizes;
   if (placements_.front().is_replicate()) return global_shape_;
   if (global_shape_.empty()) return {local_size(rank)};
   std::vector<int64_t> s = global_shape_;
@@ -66,8 +97,15 @@ at::Tensor TensorLayout::local_of_full(const at::Tensor& full) const {
   if (full.sizes() != at::IntArrayRef(global_shape_))
     throw Error("TensorLayout: a whole value of shape " + shape_string(full.sizes()) + " for a tensor of shape " +
                 shape_string(global_shape_));
-  if (placements_.front().is_replicate()) return full;
   const int rank = group_.rank();
+  if (is_blocks()) {
+    at::Tensor part = full;
+    const ShardMetadata& b = blocks_.at(rank);
+    for (size_t d = 0; d < global_shape_.size(); ++d)
+      part = part.narrow(static_cast<int64_t>(d), b.shard_offsets[d], b.shard_sizes[d]);
+    return part;
+  }
+  if (placements_.front().is_replicate()) return full;
   if (global_shape_.empty()) return full.reshape({1}).narrow(0, local_offset(rank), local_size(rank));
   return full.narrow(placements_.front().dim(), local_offset(rank), local_size(rank));
 }

@@ -5,7 +5,6 @@
 #include <map>
 
 #include <fsdpp/activation_checkpointing.h>
-#include <fsdpp/clip_grad_norm.h>
 #include <fsdpp/device_mesh.h>
 #include <fsdpp/distributed_data_parallel.h>
 #include <fsdpp/error.h>
@@ -156,10 +155,19 @@ TEST(FullyShard2DTraining, TrainParity2DMlp1x2) {
   run_ranks(2, [](RankContext& ctx) { run_seed_sweep(ctx, 1, 2); });
 }
 
-// State dicts of a 2-D model: FULL holds the plain model's keys with global values (FSDP's gather
-// over dp, then TP's over tp) and loads back into a fresh 2-D model and into the plain model;
-// what is not supported yet (SHARDED, optimizer state) is an error naming the key.
-TEST(FullyShard2DStateDict, FullStateDictHoldsGlobalValuesAndShardedIsRefused) {
+// Each entry of a SHARDED dict (a ShardedTensor, or a whole tensor) as its global value
+// (full_tensor() is collective: every rank walks the keys in the same order).
+std::map<std::string, at::Tensor> global_values(const StateDict& sd) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [key, value] : sd) out[key] = value.is_tensor() ? value.tensor() : value.sharded_tensor().full_tensor();
+  return out;
+}
+
+// State dicts of a 2-D model hold the plain model's keys with global values: FULL (FSDP's gather
+// over dp, then TP's over tp) and SHARDED (each rank's 2-D block as a ShardedTensor over the
+// world); each loads into a fresh 2-D model, FULL into the plain model, SHARDED into a TP-only
+// model (redistributed). Optimizer state dicts likewise. LOCAL dicts are refused.
+TEST(FullyShard2DStateDict, FullAndShardedStateDictsHoldGlobalValues) {
   run_ranks(4, [](RankContext& ctx) {
     const DeviceMesh mesh = init_device_mesh(ctx.world, {2, 2}, {"dp", "tp"});
     const Case2D c{true, false, 17};
@@ -185,55 +193,86 @@ TEST(FullyShard2DStateDict, FullStateDictHoldsGlobalValuesAndShardedIsRefused) {
     EXPECT_EQ(rank0.size(), ctx.rank == 0 ? full.size() : 0u);
     for (const auto& [key, value] : rank0) EXPECT_TRUE(value.tensor().equal(expected.at(key))) << key;
 
-    // Into the plain model, and into a fresh (untrained) 2-D model: global values equal the dict's.
+    // SHARDED: the plain keys; a TP-sharded parameter is this rank's 2-D block ([51, 17]
+    // column-wise: TP rows [26 * tp, ...), then FSDP rows of those over dp); the row-wise bias
+    // (replicated over tp) is FSDP's rows over dp, as any FSDP parameter.
+    const StateDict sharded = get_model_state_dict(model);
+    ASSERT_EQ(sharded.keys(), plain_params.keys());
+    const ShardedTensor& w = sharded.at("0.in_proj.weight").sharded_tensor();
+    EXPECT_EQ(w.size(), (std::vector<int64_t>{51, 17}));
+    EXPECT_EQ(w.process_group().size(), 4);
+    ASSERT_EQ(w.local_shards().size(), 1u);
+    const int tp = mesh.get_local_rank("tp"), dp = mesh.get_local_rank("dp");
+    const int64_t tp_rows = tp == 0 ? 26 : 25, dp_chunk = 13;
+    const int64_t rows = dp == 0 ? dp_chunk : tp_rows - dp_chunk;
+    EXPECT_EQ(w.local_shards()[0].metadata.shard_offsets, (std::vector<int64_t>{26 * tp + dp_chunk * dp, 0}));
+    EXPECT_EQ(w.local_shards()[0].metadata.shard_sizes, (std::vector<int64_t>{rows, 17}));
+    const ShardedTensor& out_w = sharded.at("0.out_proj.weight").sharded_tensor();  // Shard(1) over tp
+    EXPECT_EQ(out_w.local_shards()[0].metadata.shard_offsets, (std::vector<int64_t>{dp == 0 ? 0 : 9, 26 * tp}));
+    EXPECT_EQ(sharded.at("0.out_proj.bias").sharded_tensor().process_group().size(), 2);  // dp only
+    const auto sharded_global = global_values(sharded);
+    for (const auto& [key, value] : expected) EXPECT_TRUE(sharded_global.at(key).equal(value)) << key;
+
+    // Into the plain model (FULL), and into fresh (untrained) 2-D models: global values equal.
     set_model_state_dict(plain, full);
     for (const auto& item : plain->named_parameters()) EXPECT_TRUE(item.value().equal(expected.at(item.key()))) << item.key();
-    FSDPSequential fresh = make_2d(c.mlp_dim, mesh, c);
-    EXPECT_FALSE(global_params(*fresh).at("0.in_proj.weight").equal(expected.at("0.in_proj.weight")));
-    set_model_state_dict(fresh, full);
-    for (const auto& [key, value] : global_params(*fresh)) EXPECT_TRUE(value.equal(expected.at(key))) << key;
+    for (const StateDict* sd : {&full, &sharded}) {
+      FSDPSequential fresh = make_2d(c.mlp_dim, mesh, c);
+      EXPECT_FALSE(global_params(*fresh).at("0.in_proj.weight").equal(expected.at("0.in_proj.weight")));
+      set_model_state_dict(fresh, *sd);
+      for (const auto& [key, value] : global_params(*fresh)) EXPECT_TRUE(value.equal(expected.at(key))) << key;
+    }
+    // SHARDED into a TP-only model, laid out otherwise: each rank's TP part is redistributed from
+    // the world's blocks. It holds its row-wise biases whole, which take whole values (as any
+    // parameter nothing shards; a ShardedTensor for one is refused).
+    Sequential tp_only = make_mlp_stack(c.mlp_dim);
+    parallelize_module(*tp_only, mesh["tp"], mlp_stack_plan(tp_only->size()));
+    const std::string whole = error_of([&] { set_model_state_dict(tp_only, sharded); });
+    EXPECT_NE(whole.find("'0.out_proj.bias' is a ShardedTensor but the model holds it whole"), std::string::npos) << whole;
+    StateDict to_tp_only = sharded;
+    for (const auto& key : sharded.keys())
+      if (key.find("out_proj.bias") != std::string::npos) to_tp_only.set(key, full.at(key));
+    set_model_state_dict(tp_only, to_tp_only);
+    for (const auto& [key, value] : global_params(*tp_only)) EXPECT_TRUE(value.equal(expected.at(key))) << key;
+    // A TP-only model's SHARDED dict: TP parts over the tp group, replicated entries whole.
+    const StateDict tp_sharded = get_model_state_dict(tp_only);
+    EXPECT_EQ(tp_sharded.at("0.in_proj.weight").sharded_tensor().process_group().size(), 2);
+    EXPECT_TRUE(tp_sharded.at("0.out_proj.bias").is_tensor());
+    const auto tp_global = global_values(tp_sharded);
+    for (const auto& [key, value] : expected) EXPECT_TRUE(tp_global.at(key).equal(value)) << key;
 
-    // Not yet: SHARDED (the default) and optimizer state dicts; errors name the first TP key.
-    const std::string sharded = error_of([&] { get_model_state_dict(model); });
-    EXPECT_NE(sharded.find("'0.in_proj.weight' is tensor-parallel (global shape [51, 17], Shard(0) over the TP group of "
-                           "2 ranks, then FSDP-sharded: 2-D)"),
-              std::string::npos)
-        << sharded;
-    EXPECT_NE(sharded.find("SHARDED_STATE_DICT of tensor-parallel models: not supported yet"), std::string::npos)
-        << sharded;
-    const std::string optim = error_of([&] { get_optimizer_state_dict(*model, opt); });
-    EXPECT_NE(optim.find("get_optimizer_state_dict: '0.in_proj.weight' is tensor-parallel"), std::string::npos) << optim;
-    // A LOCAL load and clipping (a TP-local norm per rank would scale TP ranks apart) are refused too.
+    // Optimizer state: SHARDED blocks hold the FULL dict's values; both load into a fresh
+    // optimizer of a fresh 2-D model, which then gives the same dicts.
+    const auto full_optim = flatten_optimizer_state(
+        get_optimizer_state_dict(*model, opt, StateDictOptions().full_state_dict(true)));
+    const OptimizerStateDict sharded_osd = get_optimizer_state_dict(*model, opt);
+    const auto sharded_optim = global_values(flatten_optimizer_state(sharded_osd));
+    ASSERT_EQ(sharded_optim.size(), full_optim.size());
+    for (const auto& [key, value] : full_optim) EXPECT_TRUE(sharded_optim.at(key).equal(value.tensor())) << key;
+    FSDPSequential fresh = make_2d(c.mlp_dim, mesh, c);
+    set_model_state_dict(fresh, sharded);
+    torch::optim::Adam fresh_opt(fresh->parameters(), 0.5);
+    set_optimizer_state_dict(*fresh, fresh_opt, sharded_osd);
+    const auto reloaded = flatten_optimizer_state(
+        get_optimizer_state_dict(*fresh, fresh_opt, StateDictOptions().full_state_dict(true)));
+    for (const auto& [key, value] : full_optim) EXPECT_TRUE(reloaded.at(key).tensor().equal(value.tensor())) << key;
+    EXPECT_DOUBLE_EQ(fresh_opt.param_groups()[0].options().get_lr(), 1e-2);
+
+    // Refused: a LOCAL load (flat FSDP shards of TP parts).
     {
       auto scope = state_dict_type(*model, StateDictType::LOCAL_STATE_DICT);
       const std::string local = error_of([&] { load_state_dict(*model, full); });
-      EXPECT_NE(local.find("'0.in_proj.weight' is tensor-parallel"), std::string::npos) << local;
+      EXPECT_NE(local.find("'0.in_proj.weight' is tensor-parallel (global shape [51, 17], Shard(0) over the TP group of "
+                           "2 ranks, then FSDP-sharded: 2-D)"),
+                std::string::npos)
+          << local;
       EXPECT_NE(local.find("LOCAL_STATE_DICT of tensor-parallel models: not supported yet"), std::string::npos) << local;
     }
-    const std::string clip = error_of([&] { clip_grad_norm_(*model, 1.0); });
-    EXPECT_NE(clip.find("in_proj"), std::string::npos) << clip;
-    EXPECT_NE(clip.find("is tensor-parallel; clipping tensor-parallel (and 2-D FSDP x TP) models is not supported yet"),
-              std::string::npos)
-        << clip;
     // A whole value of the TP-local shape (a TP model's old local state dict) is refused naming both shapes.
     StateDict local = full;
     local.set("0.in_proj.weight", torch::zeros({26, 17}));
-    const std::string shape = error_of([&] { set_model_state_dict(fresh, local); });
+    const std::string shape = error_of([&] { set_model_state_dict(*model, local); });
     EXPECT_NE(shape.find("size mismatch for '0.in_proj.weight'"), std::string::npos) << shape;
-
-    // A TP model without FSDP: its FULL dict holds the global values too (here the initial ones).
-    Sequential tp_only = make_mlp_stack(c.mlp_dim);
-    parallelize_module(*tp_only, mesh["tp"], mlp_stack_plan(tp_only->size()));
-    const StateDict tp_full = get_model_state_dict(tp_only, StateDictOptions().full_state_dict(true));
-    const Sequential initial = make_mlp_stack(c.mlp_dim);
-    ASSERT_EQ(tp_full.keys(), initial->named_parameters().keys());
-    for (const auto& item : initial->named_parameters())
-      EXPECT_TRUE(tp_full.at(item.key()).tensor().equal(item.value())) << item.key();
-    const std::string tp_sharded = error_of([&] { get_model_state_dict(tp_only); });
-    EXPECT_NE(tp_sharded.find("'0.in_proj.weight' is tensor-parallel (global shape [51, 17], Shard(0) over the TP "
-                              "group of 2 ranks); SHARDED_STATE_DICT"),
-              std::string::npos)
-        << tp_sharded;
   });
 }
 
