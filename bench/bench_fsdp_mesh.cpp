@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -181,30 +182,22 @@ int main(int argc, char** argv) {
 
   const auto blocks = fsdpp::FullyShardOptions().auto_wrap_policy(fsdpp::ModuleWrapPolicy<TransformerBlockImpl>());
   std::vector<Layout> layouts(3);
-  {
-    Layout& l = layouts[0];
-    l.name = "1-D FSDP (4)";
-    l.shard = n;
+  // 1-D FSDP and HSDP: the plain transformer, every block a unit, this rank's rows of the batch.
+  auto fsdp_layout = [&](Layout& l, std::string name, const fsdpp::FullyShardOptions& options, int replicate, int shard) {
+    l.name = std::move(name);
+    l.replicate = replicate;
+    l.shard = shard;
     torch::manual_seed(0);
-    auto model = fsdpp::fully_shard(Transformer(args), blocks);
+    auto model = fsdpp::fully_shard(Transformer(args), options);
     const at::Tensor tokens = rows_of(all_tokens, rank, local_batch);
     l.targets = rows_of(all_targets, rank, local_batch);
     l.model = model.ptr();
     l.forward = [model, tokens]() mutable { return model->forward(tokens); };
-  }
-  {
-    Layout& l = layouts[1];
-    l.name = "HSDP 2 x 2";
-    auto mesh = fsdpp::init_device_mesh(world, {2, 2}, {"replicate", "shard"});
-    l.replicate = mesh.size(0);
-    l.shard = mesh.size(1);
-    torch::manual_seed(0);
-    auto model = fsdpp::fully_shard(Transformer(args), fsdpp::FullyShardOptions(blocks).mesh(mesh));
-    const at::Tensor tokens = rows_of(all_tokens, rank, local_batch);
-    l.targets = rows_of(all_targets, rank, local_batch);
-    l.model = model.ptr();
-    l.forward = [model, tokens]() mutable { return model->forward(tokens); };
-  }
+  };
+  fsdp_layout(layouts[0], "1-D FSDP (4)", blocks, 1, n);
+  const auto hsdp_mesh = fsdpp::init_device_mesh(world, {2, 2}, {"replicate", "shard"});
+  fsdp_layout(layouts[1], "HSDP 2 x 2", fsdpp::FullyShardOptions(blocks).mesh(hsdp_mesh), hsdp_mesh.size(0),
+              hsdp_mesh.size(1));
   {
     Layout& l = layouts[2];
     l.name = "FSDP x TP 2 x 2";
