@@ -33,10 +33,12 @@
 
 #include <fsdpp/fsdpp.h>
 
+#include "bench_util.h"
 #include "transformer.h"
 
 namespace {
 
+using fsdpp::bench::mib;
 using fsdpp::examples::language_model_loss;
 using fsdpp::examples::Transformer;
 using fsdpp::examples::TransformerArgs;
@@ -44,7 +46,6 @@ using fsdpp::examples::TransformerBlockImpl;
 namespace ckpt = fsdpp::checkpoint;
 using Clock = std::chrono::steady_clock;
 
-double mib(double bytes) { return bytes / (1 << 20); }
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }

@@ -19,25 +19,20 @@
 
 #include <fsdpp/fsdpp.h>
 
+#include "bench_util.h"
 #include "step_timer.h"
 #include "transformer.h"
 
 namespace {
 
 using fsdpp::bench::median_step;
+using fsdpp::bench::mib;
 using fsdpp::bench::minor_faults;
+using fsdpp::bench::state_bytes;
 using fsdpp::examples::language_model_loss;
 using fsdpp::examples::Transformer;
 using fsdpp::examples::TransformerArgs;
 using fsdpp::examples::TransformerBlockImpl;
-
-double mib(double bytes) { return bytes / (1 << 20); }
-
-int64_t state_bytes(const std::vector<at::Tensor>& params) {
-  int64_t bytes = 0;
-  for (const auto& p : params) bytes += 4 * p.numel() * p.element_size();  // param, grad, exp_avg, exp_avg_sq
-  return bytes;
-}
 
 }  // namespace
 

@@ -18,17 +18,18 @@
 
 #include <fsdpp/fsdpp.h>
 
+#include "bench_util.h"
 #include "step_timer.h"
 #include "transformer.h"
 
 namespace {
 
+using fsdpp::bench::mib;
 using fsdpp::examples::language_model_loss;
 using fsdpp::examples::Transformer;
 using fsdpp::examples::TransformerArgs;
 using fsdpp::examples::TransformerBlockImpl;
 
-double mib(double bytes) { return bytes / (1 << 20); }
 
 // "fp32, HSDP (N/2 x 2)" -> "fp32-hsdp-n-2-x-2"
 std::string slug(const std::string& name) {

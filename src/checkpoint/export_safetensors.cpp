@@ -331,16 +331,17 @@ void export_safetensors(const StateDict& sd, const std::string& file, const std:
 
 void export_safetensors(torch::nn::Module& model, const std::string& file,
                         const std::map<std::string, std::string>& metadata) {
-  // The SHARDED state dict without copies: each FSDP parameter's shard as a ShardedTensor
-  // view, every other entry the module's own tensor (get_model_state_dict would copy them all).
+  // The SHARDED state dict without copies: each sharded parameter's part (FSDP's shard, a TP
+  // part, or a 2-D block) as a ShardedTensor view, every other entry the module's own tensor
+  // (get_model_state_dict would copy them all).
   StateDict sd;
   {
     at::NoGradGuard no_grad;
     const fsdpp::detail::ModelLayout layout = fsdpp::detail::collect_layout(model);
-    fsdpp::detail::refuse_tensor_parallel(layout, "export_safetensors", "export_safetensors", "");
     for (const auto& e : layout.entries) {
-      if (e.sharded)
-        sd.insert(e.key, e.sharded->layout.to_sharded_tensor(e.sharded->local_shard.detach(), /*copy=*/false));
+      if (e.layout)
+        sd.insert(e.key, e.layout->to_sharded_tensor((e.sharded ? e.sharded->local_shard : e.tensor).detach(),
+                                                     /*copy=*/false));
       else
         sd.insert(e.key, e.tensor.detach());
     }

@@ -84,8 +84,9 @@ TensorLayout two_d_layout(const ModelEntry& e, const std::vector<int>& grid) {
   for (int j = 0; j < t; ++j) {
     const TensorLayout part(tp.local_shape(j), fsdp.placements().front(), fsdp.process_group());
     for (int i = 0; i < d; ++i) {
-      ShardMetadata& b = blocks[world.group_rank(grid[static_cast<size_t>(i) * t + j])];
-      b.placement = world.group_rank(grid[static_cast<size_t>(i) * t + j]);
+      const int rank = world.group_rank(grid[static_cast<size_t>(i) * t + j]);
+      ShardMetadata& b = blocks[rank];
+      b.placement = rank;
       b.shard_offsets.assign(tp.global_shape().size(), 0);
       b.shard_offsets[tp_dim] = tp.local_offset(j);
       b.shard_sizes = part.local_shape(i);
@@ -97,13 +98,13 @@ TensorLayout two_d_layout(const ModelEntry& e, const std::vector<int>& grid) {
 
 // Each entry's layout (ModelEntry::layout); 2-D ones learn their mesh once per (dp, tp) pair.
 void set_layouts(ModelLayout& layout) {
-  std::map<std::pair<std::string, std::string>, std::vector<int>> grids;
+  std::map<std::pair<std::vector<int>, std::vector<int>>, std::vector<int>> grids;  // by the groups' ranks
   for (auto& e : layout.entries) {
     const bool tp_shard = e.tp_layout && e.tp_layout->placements().front().is_shard();
     if (tp_shard && e.sharded) {
       const ProcessGroup &dp = e.sharded->layout.process_group(), &tp = e.tp_layout->process_group();
-      auto it = grids.find({dp.name(), tp.name()});
-      if (it == grids.end()) it = grids.emplace(std::make_pair(dp.name(), tp.name()), two_d_grid(e.key, dp, tp)).first;
+      auto it = grids.find({dp.ranks(), tp.ranks()});
+      if (it == grids.end()) it = grids.emplace(std::make_pair(dp.ranks(), tp.ranks()), two_d_grid(e.key, dp, tp)).first;
       e.layout = two_d_layout(e, it->second);
     } else if (e.sharded) {
       e.layout = e.sharded->layout;

@@ -164,7 +164,8 @@ StateDict produce(torch::nn::Module& model, StateDictType type, bool offload, bo
     std::vector<at::Tensor> values;
     for (const auto& e : layout.entries) {
       at::Tensor v = e.sharded ? full.at(e.tensor.unsafeGetTensorImpl()) : e.tensor.detach().clone();
-      if (e.tp_layout) v = e.tp_layout->to_sharded_tensor(v.contiguous(), /*copy=*/false).full_tensor();
+      if (e.tp_layout && e.tp_layout->placements().front().is_shard())  // a Replicate one is whole already
+        v = e.tp_layout->to_sharded_tensor(v.contiguous(), /*copy=*/false).full_tensor();
       values.push_back(std::move(v));
     }
     if (rank0_only && global_rank() != 0) {

@@ -4,15 +4,12 @@
 // global value is its FSDP gather (over dp) gathered again by its TP layout (over tp).
 #include <map>
 
-#include <fsdpp/activation_checkpointing.h>
-#include <fsdpp/device_mesh.h>
-#include <fsdpp/distributed_data_parallel.h>
+#include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/error.h>
 #include <fsdpp/optim_state_dict.h>
 #include <fsdpp/state_dict.h>
-#include <fsdpp/tensor_parallel.h>
 
-#include "dist/fsdp_test_util.h"
+#include "dist/fully_shard_2d_fixtures.h"
 #include "harness/error_of.h"
 
 namespace fsdpp {
@@ -20,127 +17,12 @@ namespace {
 
 using testing::error_of;
 
-// Float32 sums over the same values in another order (DDP's average vs FSDP's reduce-scatter,
-// TP's partial sums). Measured over the whole sweep at both meshes (libtorch 1.13): max abs
-// difference 4.8e-7 in the losses (values up to 4.5) and 2.1e-7 in the parameters (up to 0.61);
-// the bounds leave about 4x. rtol is float32 assertEqual's default.
-constexpr double kLossRtol = 1.3e-6, kLossAtol = 2e-6;
-constexpr double kParamRtol = 1.3e-6, kParamAtol = 1e-6;
-
-struct Case2D {
-  bool reshard_after_forward = true;
-  bool activation_checkpointing = false;
-  int64_t mlp_dim = 16;
-};
-
-std::string describe(const Case2D& c) {
-  return "reshard_after_forward " + std::to_string(c.reshard_after_forward) + " ac " +
-         std::to_string(c.activation_checkpointing) + " mlp_dim " + std::to_string(c.mlp_dim);
-}
-
-// PyTorch's MLPStack (common_fsdp.py) without sequence parallelism: hidden sizes 3x, 4x, 3x
-// (3x exercises uneven TP and FSDP shards), a relu after each Linear.
-Sequential make_mlp_stack(int64_t dim) {
-  torch::manual_seed(42);
-  return Sequential(MLP(dim, 3 * dim, true), MLP(dim, 4 * dim, true), MLP(dim, 3 * dim, true));
-}
-
-// MLPStack.parallelize: in_proj column-wise and out_proj row-wise over tp, then each MLP
-// (checkpointed first when asked) and the root fully_shard over dp.
-ParallelizePlan mlp_stack_plan(size_t mlps) {
-  ParallelizePlan plan;
-  for (size_t i = 0; i < mlps; ++i) {
-    plan.emplace_back(std::to_string(i) + ".in_proj", ColwiseParallel());
-    plan.emplace_back(std::to_string(i) + ".out_proj", RowwiseParallel());
-  }
-  return plan;
-}
-
-FSDPSequential make_2d(int64_t dim, const DeviceMesh& mesh, const Case2D& c) {
-  Sequential stack = make_mlp_stack(dim);
-  parallelize_module(*stack, mesh["tp"], mlp_stack_plan(stack->size()));
-  const auto options = FullyShardOptions().mesh(mesh["dp"]).reshard_after_forward(c.reshard_after_forward);
-  Sequential seq;
-  for (size_t i = 0; i < stack->size(); ++i) {
-    auto mlp = stack->ptr<MLPImpl>(i);
-    if (c.activation_checkpointing)
-      seq->push_back(fully_shard(checkpoint_wrapper(mlp), options));
-    else
-      seq->push_back(fully_shard(mlp, options));
-  }
-  return FSDPSequential(seq, options);
-}
-
-// Every parameter's global value: gathered over dp by FSDP (summon_full_params), then over tp by
-// its TP layout. Keys are the plain model's.
-std::map<std::string, at::Tensor> global_params(torch::nn::Module& model) {
-  std::map<const c10::TensorImpl*, TensorLayout> tp_layouts;
-  for (const auto& p : tensor_parallel_parameters(model)) tp_layouts.emplace(p.param.unsafeGetTensorImpl(), p.layout);
-  std::map<std::string, at::Tensor> out;
-  auto full = summon_full_params(model, /*writeback=*/false);
-  for (const auto& item : model.named_parameters()) {
-    std::string key = strip_wrapper_prefixes(item.key());
-    for (size_t pos; (pos = key.find("_checkpoint_wrapped_module.")) != std::string::npos;) key.erase(pos, 27);
-    at::Tensor local_full = item.value().detach().clone();
-    auto it = tp_layouts.find(item.value().unsafeGetTensorImpl());
-    out[key] = it == tp_layouts.end() ? local_full
-                                      : it->second.to_sharded_tensor(local_full.contiguous(), /*copy=*/true).full_tensor();
-  }
-  return out;
-}
-
-void expect_same(const at::Tensor& actual, const at::Tensor& expected, double rtol, double atol,
-                 const std::string& what) {
-  ASSERT_TRUE(actual.defined()) << what;
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  EXPECT_TRUE(at::allclose(actual, expected, rtol, atol))
-      << what << ": max abs diff " << (actual - expected).abs().max().item<double>();
-}
-
-// The seed's loop: DDP over the dp group (the reference, the plain model) and the 2-D model on the
-// same input on every tp rank of a dp rank, Adam(1e-2), 10 steps, zero_grad alternating
-// set_to_none. Losses every step, every global parameter at the end.
-void check_2d_parity(RankContext& ctx, const DeviceMesh& mesh, const Case2D& c) {
-  const std::string label = describe(c);
-  Sequential ref_module = make_mlp_stack(c.mlp_dim);
-  auto ref = replicate(ref_module, DistributedDataParallelOptions().process_group(mesh.get_group("dp")));
-  FSDPSequential model = make_2d(c.mlp_dim, mesh, c);
-  torch::optim::Adam ref_opt(ref_module->parameters(), 1e-2), opt(model->parameters(), 1e-2);
-  torch::manual_seed(42 + mesh.get_local_rank("dp") + 1);
-  for (int iter = 0; iter < 10; ++iter) {
-    for (auto* o : std::initializer_list<torch::optim::Optimizer*>{&ref_opt, &opt}) {
-      if (iter % 2 == 0) {
-        for (auto& p : o->parameters()) p.mutable_grad().reset();
-      } else {
-        o->zero_grad();
-      }
-    }
-    at::Tensor x = torch::randn({8, c.mlp_dim});
-    at::Tensor ref_loss = ref.forward(x).sum();
-    ref_loss.backward();
-    ref_opt.step();
-    at::Tensor loss = model->forward(x).sum();
-    loss.backward();
-    opt.step();
-    expect_same(loss.detach(), ref_loss.detach(), kLossRtol, kLossAtol, label + " iter " + std::to_string(iter) + " loss");
-    if (::testing::Test::HasFailure()) return;
-  }
-  const auto global = global_params(*model);
-  const auto ref_named = ref_module->named_parameters();
-  ASSERT_EQ(global.size(), ref_named.size()) << label;
-  for (const auto& item : ref_named) {
-    auto it = global.find(item.key());
-    ASSERT_TRUE(it != global.end()) << label << ": no parameter " << item.key();
-    expect_same(it->second, item.value().detach(), kParamRtol, kParamAtol, label + " param " + item.key());
-  }
-}
-
 void run_seed_sweep(RankContext& ctx, int dp, int tp) {
   const DeviceMesh mesh = init_device_mesh(ctx.world, {dp, tp}, {"dp", "tp"});
   for (bool raf : {false, true})
     for (bool ac : {false, true})
       for (int64_t dim : {3, 16, 17}) {
-        check_2d_parity(ctx, mesh, {raf, ac, dim});
+        check_2d_parity(mesh["dp"], mesh["tp"], {raf, ac, dim});
         if (::testing::Test::HasFailure()) return;
       }
 }
@@ -153,6 +35,99 @@ TEST(FullyShard2DTraining, TrainParity2DMlp) {
 // The seed's mesh at world size 2: (dp, tp) = 1 x 2.
 TEST(FullyShard2DTraining, TrainParity2DMlp1x2) {
   run_ranks(2, [](RankContext& ctx) { run_seed_sweep(ctx, 1, 2); });
+}
+
+// A parameter's gradient against the same parameter's in a twin model, bit for bit.
+void expect_same_grads(torch::nn::Module& model, torch::nn::Module& twin, const std::string& label) {
+  const auto params = model.named_parameters(), twin_params = twin.named_parameters();
+  ASSERT_EQ(params.size(), twin_params.size()) << label;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i].value();
+    ASSERT_TRUE(p.grad().defined()) << label << " " << params[i].key();
+    EXPECT_TRUE(p.grad().device().is_cpu()) << label << " " << params[i].key();
+    EXPECT_EQ(p.grad().sizes(), p.sizes()) << label << " " << params[i].key() << ": the gradient is shard-shaped";
+    EXPECT_TRUE(p.grad().equal(twin_params[i].value().grad())) << label << " " << params[i].key();
+  }
+}
+
+// Seed 001 test_tp_with_fsdp_offloading: MLPStack(16) parallelized over tp, then fully_shard over
+// dp with CPUOffloadPolicy and reshard_after_forward, Adam(1e-2), 10 steps on one fixed input
+// (the same on every tp rank of a dp rank; the seed's dp is 1). As the seed: the parameters are
+// host tensors; forward issues one TP all_reduce (row-wise out_proj) and one FSDP all-gather per
+// MLP and nothing else; backward one all-gather (resharded after forward) and one reduce-scatter
+// per MLP and an all_reduce of each column-wise input's gradient but the first MLP's (its input
+// needs no grad); the loss equals the reference's every step. The reference is DDP of the plain
+// model over the dp group (at dp = 1 the plain model, as the seed). Beyond the seed: the same
+// 2-D model without offload trains bit for bit the same (losses, shard gradients, parameters),
+// the gradients are host tensors, and every global parameter is at parity with the reference at
+// the end. On these CPU-only machines the compute device is the CPU, so the offload's copies are
+// the identity (as in FullyShardCPUOffload).
+void check_tp_with_fsdp_offloading(const DeviceMesh& mesh) {
+  const DeviceMesh dp_mesh = mesh["dp"], tp_mesh = mesh["tp"];
+  const std::string label = "(dp, tp) = " + std::to_string(dp_mesh.size()) + " x " + std::to_string(tp_mesh.size());
+  constexpr int64_t kDim = 16;
+  Sequential ref_module = make_mlp_stack(kDim);
+  auto ref = replicate(ref_module, DistributedDataParallelOptions().process_group(dp_mesh.get_group()));
+  FSDPSequential model = make_2d(kDim, dp_mesh, tp_mesh, {true, false, kDim, /*cpu_offload=*/true});
+  FSDPSequential twin = make_2d(kDim, dp_mesh, tp_mesh, {true, false, kDim, /*cpu_offload=*/false});
+  for (const auto& p : model->named_parameters()) EXPECT_TRUE(p.value().device().is_cpu()) << p.key();
+  int64_t num_mlps = 0;
+  for (const auto& m : model->modules()) num_mlps += dynamic_cast<MLPImpl*>(m.get()) != nullptr;
+  ASSERT_EQ(num_mlps, 3);
+  torch::optim::Adam ref_opt(ref_module->parameters(), 1e-2), opt(model->parameters(), 1e-2),
+      twin_opt(twin->parameters(), 1e-2);
+  torch::manual_seed(42 + dp_mesh.get_local_rank(0) + 1);
+  const at::Tensor x = torch::randn({4, kDim});
+  using Counts = std::map<std::string, int64_t>;
+  for (int iter = 0; iter < 10; ++iter) {
+    const std::string where = label + " iter " + std::to_string(iter);
+    for (auto* o : std::initializer_list<torch::optim::Optimizer*>{&ref_opt, &opt, &twin_opt}) o->zero_grad();
+    at::Tensor loss;
+    {
+      CommDebugMode fwd;
+      loss = model->forward(x).sum();
+      EXPECT_EQ(fwd.get_comm_counts(), (Counts{{"all_gather_into_tensor", num_mlps}, {"all_reduce", num_mlps}}))
+          << where << " forward";
+    }
+    at::Tensor ref_loss = ref.forward(x).sum();
+    expect_same(loss.detach(), ref_loss.detach(), kLossRtol, kLossAtol, where + " loss");
+    {
+      CommDebugMode bwd;
+      loss.backward();
+      EXPECT_EQ(bwd.get_comm_counts(), (Counts{{"all_gather_into_tensor", num_mlps},
+                                               {"all_reduce", num_mlps - 1},
+                                               {"reduce_scatter_tensor", num_mlps}}))
+          << where << " backward";
+    }
+    ref_loss.backward();
+    at::Tensor twin_loss = twin->forward(x).sum();
+    twin_loss.backward();
+    EXPECT_TRUE(loss.equal(twin_loss)) << where << ": " << loss.item<double>() << " vs " << twin_loss.item<double>()
+                                       << " without offload";
+    expect_same_grads(*model, *twin, where);
+    opt.step();
+    ref_opt.step();
+    twin_opt.step();
+    if (::testing::Test::HasFailure()) return;
+  }
+  for (const auto& p : model->named_parameters()) EXPECT_TRUE(p.value().device().is_cpu()) << p.key();
+  const auto global = global_params(*model), twin_global = global_params(*twin);
+  for (const auto& [key, value] : global) EXPECT_TRUE(value.equal(twin_global.at(key))) << label << " " << key;
+  expect_global_params_close(*model, *ref_module, label);
+}
+
+// test_tp_with_fsdp_offloading at world size 4: the seed's mesh (dp, tp) = 1 x 4, then 2 x 2.
+TEST(FullyShard2DTraining, TpWithFsdpOffloading) {
+  run_ranks(4, [](RankContext& ctx) {
+    check_tp_with_fsdp_offloading(init_device_mesh(ctx.world, {1, 4}, {"dp", "tp"}));
+    if (::testing::Test::HasFailure()) return;
+    check_tp_with_fsdp_offloading(init_device_mesh(ctx.world, {2, 2}, {"dp", "tp"}));
+  });
+}
+
+// The seed's mesh at world size 2: (dp, tp) = 1 x 2.
+TEST(FullyShard2DTraining, TpWithFsdpOffloading1x2) {
+  run_ranks(2, [](RankContext& ctx) { check_tp_with_fsdp_offloading(init_device_mesh(ctx.world, {1, 2}, {"dp", "tp"})); });
 }
 
 // Each entry of a SHARDED dict (a ShardedTensor, or a whole tensor) as its global value
@@ -171,7 +146,7 @@ TEST(FullyShard2DStateDict, FullAndShardedStateDictsHoldGlobalValues) {
   run_ranks(4, [](RankContext& ctx) {
     const DeviceMesh mesh = init_device_mesh(ctx.world, {2, 2}, {"dp", "tp"});
     const Case2D c{true, false, 17};
-    FSDPSequential model = make_2d(c.mlp_dim, mesh, c);
+    FSDPSequential model = make_2d(c.mlp_dim, mesh["dp"], mesh["tp"], c);
     torch::optim::Adam opt(model->parameters(), 1e-2);
     torch::manual_seed(7 + mesh.get_local_rank("dp"));
     for (int step = 0; step < 2; ++step) {  // values no rank had at initialization
@@ -217,7 +192,7 @@ TEST(FullyShard2DStateDict, FullAndShardedStateDictsHoldGlobalValues) {
     set_model_state_dict(plain, full);
     for (const auto& item : plain->named_parameters()) EXPECT_TRUE(item.value().equal(expected.at(item.key()))) << item.key();
     for (const StateDict* sd : {&full, &sharded}) {
-      FSDPSequential fresh = make_2d(c.mlp_dim, mesh, c);
+      FSDPSequential fresh = make_2d(c.mlp_dim, mesh["dp"], mesh["tp"], c);
       EXPECT_FALSE(global_params(*fresh).at("0.in_proj.weight").equal(expected.at("0.in_proj.weight")));
       set_model_state_dict(fresh, *sd);
       for (const auto& [key, value] : global_params(*fresh)) EXPECT_TRUE(value.equal(expected.at(key))) << key;
@@ -249,7 +224,7 @@ TEST(FullyShard2DStateDict, FullAndShardedStateDictsHoldGlobalValues) {
     const auto sharded_optim = global_values(flatten_optimizer_state(sharded_osd));
     ASSERT_EQ(sharded_optim.size(), full_optim.size());
     for (const auto& [key, value] : full_optim) EXPECT_TRUE(sharded_optim.at(key).equal(value.tensor())) << key;
-    FSDPSequential fresh = make_2d(c.mlp_dim, mesh, c);
+    FSDPSequential fresh = make_2d(c.mlp_dim, mesh["dp"], mesh["tp"], c);
     set_model_state_dict(fresh, sharded);
     torch::optim::Adam fresh_opt(fresh->parameters(), 0.5);
     set_optimizer_state_dict(*fresh, fresh_opt, sharded_osd);

@@ -1,11 +1,11 @@
 // A 2-D (FSDP x TP) transformer: seed 001's test_train_parity_2d_transformer_checkpoint_resume,
 // and clip_grad_norm_ against the plain model.
 // The seed's body is a stub; its docstring and sweep (use_seq_parallel, reuse_model_optim,
-// Adam / AdamW) and issue
-// 13 give the scenario: a 2-D transformer trains, saves model and optimizer with the distributed
-// checkpoint, trains on; a fresh (or the same) model and optimizer load the checkpoint and train
-// the same steps, at parity with the uninterrupted run. The checkpoint also resumes onto a 1-D
-// FSDP layout and onto the plain model (resharding across layouts).
+// Adam / AdamW) and issue 13 give the scenario: a 2-D transformer trains, saves model and
+// optimizer with the distributed checkpoint, trains on; a fresh (or the same) model and optimizer
+// load the checkpoint and train the same steps, at parity with the uninterrupted run. The
+// checkpoint also resumes onto a 1-D FSDP layout and onto the plain model (resharding across
+// layouts).
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -22,6 +22,7 @@
 #include <fsdpp/wrap_policy.h>
 
 #include "dist/fsdp_test_util.h"
+#include "harness/error_of.h"
 #include "tp_transformer.h"
 
 namespace fsdpp {
@@ -58,9 +59,10 @@ std::shared_ptr<torch::nn::Module> make_2d(const DeviceMesh& mesh, uint64_t seed
 
 // The same transformer untouched by TP (the plain model of the same keys), sharded over `group`
 // per block and at the root, or plain when `group` is empty.
-std::shared_ptr<torch::nn::Module> make_plain_or_1d(const ProcessGroup& group, uint64_t seed) {
+std::shared_ptr<torch::nn::Module> make_plain_or_1d(const ProcessGroup& group, uint64_t seed,
+                                                    const TransformerArgs& args = tiny_args()) {
   torch::manual_seed(seed);
-  examples::Transformer model(tiny_args());
+  examples::Transformer model(args);
   if (!group.defined()) return model.ptr();
   return fully_shard(model, FullyShardOptions().process_group(group).auto_wrap_policy(
                                 ModuleWrapPolicy<examples::TransformerBlockImpl>()))
@@ -244,6 +246,58 @@ TEST(FullyShard2DTraining, ClipGradNorm2DTransformer) {
         EXPECT_TRUE(at::allclose(params.at(key), v, kRtol, kAtol))
             << label << ": '" << key << "' max abs diff " << (params.at(key) - v).abs().max().item<double>();
       if (::testing::Test::HasFailure()) return;
+    }
+  });
+}
+
+// export_safetensors of the 2-D transformer: one standard file (rank 0 writes, each 2-D block
+// gathered to it) holding the plain model's keys and exactly the FULL state dict's values, with
+// and without sequence parallelism (whose norms are TP-replicated parameters).
+TEST(FullyShard2DTraining, ExportSafetensors2DTransformer) {
+  run_ranks(4, [](RankContext& ctx) {
+    const DeviceMesh mesh = init_device_mesh(ctx.world, {2, 2}, {"dp", "tp"});
+    for (bool use_seq_parallel : {false, true}) {
+      const std::string what = use_seq_parallel ? "SP" : "no SP";
+      auto model = make_2d(mesh, 0, use_seq_parallel);
+      auto opt = make_optimizer(*model, false, 1e-2);
+      train_step(*model, *opt, 0, mesh.get_local_rank("dp"), 2);  // values no rank had at initialization
+      const std::string file = ctx.temp_dir + "/model" + (use_seq_parallel ? "_sp" : "") + ".safetensors";
+      ckpt::export_safetensors(*model, file);
+      const auto expected = full_values(*model);
+      if (ctx.rank == 0) expect_equal_maps(ckpt::load_safetensors(file), expected, what + ": the exported file");
+      if (::testing::Test::HasFailure()) return;
+    }
+  });
+}
+
+// A 2-D checkpoint loaded into a model of another architecture: errors name the key and both
+// shapes (a wider model), or a key the checkpoint lacks (a deeper one), and change nothing.
+TEST(FullyShard2DTraining, CheckpointIntoAnotherArchitectureIsRefused) {
+  run_ranks(4, [](RankContext& ctx) {
+    const DeviceMesh mesh = init_device_mesh(ctx.world, {2, 2}, {"dp", "tp"});
+    auto model = make_2d(mesh, 0, /*use_seq_parallel=*/false);
+    auto opt = make_optimizer(*model, false, 1e-2);
+    const std::string dir = ctx.temp_dir + "/ckpt";
+    save(*model, *opt, dir);
+    TransformerArgs wider = tiny_args(), deeper = tiny_args();
+    wider.dim = 32;
+    deeper.n_layers = 3;
+    for (const TransformerArgs& args : {wider, deeper}) {
+      auto other = make_plain_or_1d(ProcessGroup(), 2, args);
+      StateDict sd = get_model_state_dict(*other);
+      const at::Tensor before = sd.at("tok_embeddings.weight").tensor().clone();
+      ckpt::State state = ckpt::to_state(sd, "model.");
+      const std::string error = testing::error_of([&] { ckpt::load(state, dir); });
+      if (args.dim != tiny_args().dim) {
+        // The first mismatch in key order.
+        EXPECT_NE(error.find("tensor 'model.layers.0.attention.wk.weight' is F32 [16, 16] there but F32 [32, 32] in the "
+                             "state to load"),
+                  std::string::npos)
+            << error;
+      } else {
+        EXPECT_NE(error.find("model.layers.2."), std::string::npos) << error;
+      }
+      EXPECT_TRUE(sd.at("tok_embeddings.weight").tensor().equal(before));
     }
   });
 }
