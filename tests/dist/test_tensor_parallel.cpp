@@ -309,7 +309,7 @@ void train_transformer_against_reference(RankContext& ctx, bool use_seq_parallel
     return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.1));
   };
   auto ref_opt = optimizer(*ref), tp_opt = optimizer(*tp);
-  for (int step = 0; step < 3; ++step) {
+  for (int step = 0; step < 2; ++step) {
     const std::string when = std::string(use_seq_parallel ? "SP " : "TP ") + (adam ? "Adam" : "SGD") +
                              " sequence " + std::to_string(seq) + " step " + std::to_string(step);
     torch::manual_seed(100 + step);
@@ -333,14 +333,21 @@ void train_transformer_against_reference(RankContext& ctx, bool use_seq_parallel
   }
 }
 
+// Not the whole use_seq_parallel x sequence x optimizer product of three steps (12 runs per TP
+// size took about 60 s at TP sizes 1-4): two steps of sequence parallelism at each length, SGD at
+// 5 and Adam at the others, and of the plan without it once (the 2-D transformer tests train it
+// too).
 TEST_P(TensorParallelTest, SequenceParallelTransformerMatchesLocalTraining) {
+  struct Case {
+    bool use_seq_parallel;
+    int64_t seq;
+    bool adam;
+  };
   run_ranks(GetParam(), [](RankContext& ctx) {
-    for (const bool use_seq_parallel : {true, false})
-      for (const int64_t seq : {8, 5, 3})
-        for (const bool adam : {false, true}) {
-          train_transformer_against_reference(ctx, use_seq_parallel, seq, adam);
-          if (::testing::Test::HasFailure()) return;
-        }
+    for (const Case& c : {Case{true, 8, true}, Case{true, 5, false}, Case{true, 3, true}, Case{false, 5, true}}) {
+      train_transformer_against_reference(ctx, c.use_seq_parallel, c.seq, c.adam);
+      if (::testing::Test::HasFailure()) return;
+    }
   });
 }
 
