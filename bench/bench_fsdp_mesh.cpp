@@ -17,8 +17,10 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -94,6 +96,14 @@ Bytes tp_bound(torch::nn::Module& model, int64_t rows, int* all_reduces) {
   for (const auto& m : model.modules()) {
     auto* tp = dynamic_cast<fsdpp::TensorParallelModule*>(m.get());
     if (!tp || !tp->is_parallelized()) continue;
+    // Sequence parallelism (SequenceParallel, PrepareModuleInput, Shard(d) activations) moves
+    // other collectives: counting them is not done here, so it is refused rather than miscounted.
+    const auto* col_style = std::get_if<fsdpp::ColwiseParallel>(&*tp->style());
+    const auto* row_style = std::get_if<fsdpp::RowwiseParallel>(&*tp->style());
+    if (!(col_style && col_style->input_layouts_.is_replicate()) &&
+        !(row_style && row_style->output_layouts_.is_replicate()))
+      throw std::runtime_error("tp_bound: " + fsdpp::to_string(*tp->style()) +
+                               " is not counted (the bound covers the plan without sequence parallelism)");
     const int t = tp->process_group().size();
     auto ceil_part = [t](int64_t extent) { return (extent + t - 1) / t; };
     auto add_all_reduce = [&](int64_t features) {

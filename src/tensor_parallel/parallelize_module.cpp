@@ -1,5 +1,5 @@
 // parallelize_module: resolves a TP plan's FQNs, puts TensorParallel wrappers in place of the
-// plain Linear/Embedding elements of Sequential and ModuleList containers (libtorch has no
+// plain Linear/Embedding/LayerNorm elements of Sequential and ModuleList containers (libtorch has no
 // forward hooks; a wrapper must sit where its caller calls it) and shards them.
 #include <fsdpp/tensor_parallel.h>
 
@@ -9,10 +9,12 @@
 
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/normalization.h>
 
 #include <fsdpp/error.h>
 
 #include "nn/replace_modules.h"
+#include "tensor_parallel/parallel_style.h"
 
 namespace fsdpp {
 namespace {
@@ -40,11 +42,18 @@ std::string some_names(const ModuleMap& modules) {
   return names.empty() ? "none" : names;
 }
 
+bool wrappable(const torch::nn::Module& m) {
+  return dynamic_cast<const torch::nn::LinearImpl*>(&m) || dynamic_cast<const torch::nn::EmbeddingImpl*>(&m) ||
+         dynamic_cast<const torch::nn::LayerNormImpl*>(&m);
+}
+
 torch::nn::AnyModule wrapper_of(const std::shared_ptr<torch::nn::Module>& m) {
   if (auto linear = std::dynamic_pointer_cast<torch::nn::LinearImpl>(m))
     return torch::nn::AnyModule(std::make_shared<TensorParallelImpl<torch::nn::LinearImpl>>(linear));
   if (auto embedding = std::dynamic_pointer_cast<torch::nn::EmbeddingImpl>(m))
     return torch::nn::AnyModule(std::make_shared<TensorParallelImpl<torch::nn::EmbeddingImpl>>(embedding));
+  if (auto norm = std::dynamic_pointer_cast<torch::nn::LayerNormImpl>(m))
+    return torch::nn::AnyModule(std::make_shared<TensorParallelImpl<torch::nn::LayerNormImpl>>(norm));
   return {};
 }
 
@@ -65,11 +74,14 @@ void parallelize_module(torch::nn::Module& module, const ProcessGroup& tp_group,
     const auto& m = it->second;
     if (const auto* tp = dynamic_cast<const TensorParallelModule*>(m.get())) {
       if (tp->is_parallelized()) throw Error(who + " is already parallelized");
+      detail::check_style_applies(style, *tp->wrapped_module(), who);
       continue;
     }
-    if (!dynamic_cast<torch::nn::LinearImpl*>(m.get()) && !dynamic_cast<torch::nn::EmbeddingImpl*>(m.get()))
-      throw Error(who + " is a " + m->name() +
-                  "; ColwiseParallel and RowwiseParallel apply to torch::nn::Linear and torch::nn::Embedding");
+    detail::check_style_applies(style, *m, who);
+    if (!wrappable(*m))
+      throw Error(who + " is a plain " + m->name() + ": parallelize_module puts wrappers in place of Linear, "
+                  "Embedding and LayerNorm elements of a Sequential or ModuleList only; declare it as "
+                  "fsdpp::TensorParallel<" + m->name() + ">");
     const std::string parent = parent_fqn(fqn);
     torch::nn::Module* p = parent.empty() ? &module : modules.at(parent).get();
     if (!dynamic_cast<torch::nn::SequentialImpl*>(p) && !dynamic_cast<torch::nn::ModuleListImpl*>(p))

@@ -1,54 +1,59 @@
-// TensorParallelModule: a Linear or Embedding with its weight split across the TP group, its
-// forward the local op between the style's redistributions (PyTorch's ColwiseParallel and
-// RowwiseParallel with their default layouts).
+// TensorParallelModule: the wrapper of a module under a parallel style. Construction (the wrapped
+// module's parameters, buffers and children under their own names), parallelize (the
+// parameters cut in place) and the forward of PrepareModuleInput; the styles' forwards of
+// Linear, Embedding and LayerNorm are in tp_forward.cpp.
 #include <fsdpp/tensor_parallel.h>
 
 #include <string>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/modules/normalization.h>
 
 #include <fsdpp/error.h>
 
+#include "tensor_parallel/parallel_style.h"
 #include "tensor_parallel/tp_collectives.h"
 
 namespace fsdpp {
-namespace {
 
-const char* style_name(const ParallelStyle& style) {
-  return std::holds_alternative<ColwiseParallel>(style) ? "ColwiseParallel" : "RowwiseParallel";
-}
-
-}  // namespace
-
-TensorParallelModule::TensorParallelModule(std::shared_ptr<torch::nn::Module> module)
-    : torch::nn::Module("fsdpp::TensorParallel"), module_(std::move(module)) {
+TensorParallelModule::TensorParallelModule(std::shared_ptr<torch::nn::Module> module, ForwardFn forward)
+    : torch::nn::Module("fsdpp::TensorParallel"), module_(std::move(module)), forward_(std::move(forward)) {
   if (!module_) throw Error("TensorParallel: no module to wrap");
   linear_ = dynamic_cast<torch::nn::LinearImpl*>(module_.get());
   embedding_ = dynamic_cast<torch::nn::EmbeddingImpl*>(module_.get());
-  if (!linear_ && !embedding_)
-    throw Error("TensorParallel: " + module_->name() + " is not a torch::nn::Linear or torch::nn::Embedding");
-  // The same tensors under the same names: the wrapper's parameter FQNs are the plain model's.
+  layer_norm_ = dynamic_cast<torch::nn::LayerNormImpl*>(module_.get());
+  // The same tensors and modules under the same names: the wrapper's FQNs are the plain model's.
   for (const auto& p : module_->named_parameters(/*recurse=*/false))
     register_parameter(p.key(), p.value(), p.value().requires_grad());
+  for (const auto& b : module_->named_buffers(/*recurse=*/false)) register_buffer(b.key(), b.value());
+  for (const auto& c : module_->named_children()) register_module(c.key(), c.value());
+}
+
+void TensorParallelModule::train(bool on) {
+  torch::nn::Module::train(on);
+  module_->train(on);
+}
+
+std::string TensorParallelModule::who() const {
+  return "TensorParallel '" + fqn_ + "' (" + to_string(*style_) + ")";
 }
 
 void TensorParallelModule::parallelize(const ParallelStyle& style, const ProcessGroup& tp_group,
                                        const std::string& fqn) {
-  const std::string who = "parallelize_module: '" + fqn + "' (" + module_->name() + ", " + style_name(style) + ")";
+  const std::string who = "parallelize_module: '" + fqn + "' (" + module_->name() + ", " + detail::style_name(style) + ")";
   if (style_) throw Error(who + " is already parallelized");
   if (!tp_group.is_member()) throw Error(who + ": this rank is not a member of the TP group " + tp_group.name());
-  const bool colwise = std::holds_alternative<ColwiseParallel>(style);
+  detail::check_style_applies(style, *module_, "parallelize_module: '" + fqn + "'");
   std::vector<std::pair<std::string, Placement>> placements;
-  if (linear_) {
+  const bool colwise = std::holds_alternative<ColwiseParallel>(style);
+  if (std::holds_alternative<SequenceParallel>(style)) {
+    // Replicated; their layouts let state dicts and clip_grad_norm_ know them as TP parameters.
+    for (const auto& p : named_parameters(/*recurse=*/false)) placements.emplace_back(p.key(), Placement::replicate());
+  } else if (linear_ && !std::holds_alternative<PrepareModuleInput>(style)) {
     placements.emplace_back("weight", Placement::shard(colwise ? 0 : 1));
     if (linear_->bias.defined()) placements.emplace_back("bias", colwise ? Placement::shard(0) : Placement::replicate());
-  } else {
-    const auto& o = embedding_->options;
-    if (o.max_norm()) throw Error(who + ": max_norm is not supported (it renormalizes whole rows)");
-    if (o.sparse()) throw Error(who + ": sparse gradients are not supported");
-    if (!colwise && o.scale_grad_by_freq())
-      throw Error(who + ": scale_grad_by_freq is not supported with row-wise sharding");
+  } else if (embedding_ && !std::holds_alternative<PrepareModuleInput>(style)) {
     placements.emplace_back("weight", Placement::shard(colwise ? 1 : 0));
   }
   torch::NoGradGuard no_grad;
@@ -66,56 +71,29 @@ void TensorParallelModule::parallelize(const ParallelStyle& style, const Process
 }
 
 at::Tensor TensorParallelModule::forward(const at::Tensor& input) {
-  if (!style_) return linear_ ? linear_->forward(input) : embedding_->forward(input);
+  if (!style_) return forward_(input);
+  if (std::holds_alternative<PrepareModuleInput>(*style_)) return prepared_forward(input);
+  if (layer_norm_) return layer_norm_forward(input);
   return linear_ ? linear_forward(input) : embedding_forward(input);
 }
 
-at::Tensor TensorParallelModule::linear_forward(const at::Tensor& input) {
-  const at::Tensor& w = linear_->weight;
-  const at::Tensor& b = linear_->bias;
-  if (const auto* col = std::get_if<ColwiseParallel>(&*style_)) {
-    at::Tensor y = at::linear(detail::tp_copy_to_parallel(input, group_), w, b);
-    if (col->output_layouts_ == TPLayout::Replicate)
-      y = detail::tp_gather_last_dim(y, linear_->options.out_features(), group_);
-    return y;
+at::Tensor TensorParallelModule::prepared_forward(const at::Tensor& input) {
+  const auto& p = std::get<PrepareModuleInput>(*style_);
+  const TPLayout& from = p.input_layouts_;
+  const TPLayout& to = p.desired_input_layouts_;
+  at::Tensor x = input;
+  if (from.is_shard() && to.is_replicate()) {
+    // The module's consumers keep a Replicate input's gradient replicated (e.g. ColwiseParallel
+    // all-reduces it), so backward keeps this rank's part.
+    x = detail::tp_gather(input, from.dim(), /*extent=*/-1, detail::TPGrad::Replicated, group_, who());
+  } else if (from.is_replicate() && to.is_shard()) {
+    x = detail::tp_split(input, detail::tp_normalize_dim(to.dim(), input.dim(), who()), group_);
+  } else if (from.is_shard() &&
+             detail::tp_normalize_dim(from.dim(), input.dim(), who()) !=
+                 detail::tp_normalize_dim(to.dim(), input.dim(), who())) {
+    throw Error(who() + ": redistributing between two Shard layouts is not supported");
   }
-  const auto& row = std::get<RowwiseParallel>(*style_);
-  at::Tensor x = row.input_layouts_ == TPLayout::Replicate ? detail::tp_split_last_dim(input, group_) : input;
-  if (x.dim() == 0 || x.size(-1) != w.size(1))
-    throw Error("TensorParallel '" + fqn_ + "' (RowwiseParallel): its input " + c10::str(input.sizes()) +
-                " should hold this rank's " + std::to_string(w.size(1)) + " of " +
-                std::to_string(linear_->options.in_features()) +
-                " in-features in its last dim (input_layouts(TPLayout::Replicate) takes a replicated input)");
-  // Partial sums -> Replicate; the replicated bias once, after the reduction.
-  at::Tensor y = detail::tp_reduce_from_parallel(at::linear(x, w), group_);
-  return b.defined() ? y + b : y;
-}
-
-at::Tensor TensorParallelModule::embedding_forward(const at::Tensor& ids) {
-  const at::Tensor& w = embedding_->weight;
-  const auto& o = embedding_->options;
-  const int64_t padding_idx = o.padding_idx() ? *o.padding_idx() : -1;
-  if (const auto* col = std::get_if<ColwiseParallel>(&*style_)) {
-    at::Tensor y = at::embedding(w, ids, padding_idx, o.scale_grad_by_freq(), false);
-    if (col->output_layouts_ == TPLayout::Replicate) y = detail::tp_gather_last_dim(y, o.embedding_dim(), group_);
-    return y;
-  }
-  // Row-wise: each rank looks up the ids among its rows and gives zeros for the others; the sum
-  // over ranks is the full lookup.
-  const TensorLayout& layout = params_.front().layout;
-  const int64_t offset = layout.local_offset(group_.rank()), rows = w.size(0);
-  at::Tensor y;
-  if (rows == 0) {
-    std::vector<int64_t> shape = ids.sizes().vec();
-    shape.push_back(o.embedding_dim());
-    y = at::zeros(shape, w.options());
-  } else {
-    const at::Tensor outside = (ids < offset).logical_or(ids >= offset + rows);
-    const at::Tensor local_ids = (ids - offset).masked_fill(outside, 0);
-    const int64_t local_padding = padding_idx >= offset && padding_idx < offset + rows ? padding_idx - offset : -1;
-    y = at::embedding(w, local_ids, local_padding, false, false).masked_fill(outside.unsqueeze(-1), 0);
-  }
-  return detail::tp_reduce_from_parallel(y, group_);
+  return forward_(x);
 }
 
 std::vector<TensorParallelParameter> tensor_parallel_parameters(torch::nn::Module& module) {

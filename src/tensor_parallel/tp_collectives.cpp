@@ -1,7 +1,9 @@
 #include "tensor_parallel/tp_collectives.h"
 
 #include <algorithm>
+#include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -18,23 +20,34 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // What backward needs (AutogradContext's saved data holds IValues, so a capsule).
-struct GroupCapsule : torch::CustomClassHolder {
-  explicit GroupCapsule(ProcessGroup g, int64_t e = 0) : group(std::move(g)), extent(e) {}
+struct Redistribution : torch::CustomClassHolder {
+  Redistribution(ProcessGroup g, int64_t d = 0, TPGrad gr = TPGrad::Replicated) : group(std::move(g)), dim(d), grad(gr) {}
   ProcessGroup group;
-  int64_t extent;  // the gathered last dim's global size
+  int64_t dim;
+  TPGrad grad;
+  std::vector<int64_t> sizes;  // each rank's part of `dim`
 };
 
-c10::intrusive_ptr<GroupCapsule> capsule_of(AutogradContext* ctx) {
-  return c10::static_intrusive_pointer_cast<GroupCapsule>(ctx->saved_data["group"].toCapsule());
+c10::intrusive_ptr<Redistribution> saved(AutogradContext* ctx) {
+  return c10::static_intrusive_pointer_cast<Redistribution>(ctx->saved_data["r"].toCapsule());
+}
+void save(AutogradContext* ctx, c10::intrusive_ptr<Redistribution> r) {
+  ctx->saved_data["r"] = c10::IValue::make_capsule(std::move(r));
 }
 
-// torch.chunk's part of `extent` slices on `rank` of `n`.
-int64_t chunk_of(int64_t extent, int n) { return (extent + n - 1) / n; }
-int64_t part_size(int64_t extent, int n, int rank) {
-  const int64_t c = chunk_of(extent, n);
-  return std::max<int64_t>(0, std::min(c, extent - rank * c));
+// torch.chunk's parts of `extent` slices over `n` ranks.
+std::vector<int64_t> chunk_sizes(int64_t extent, int n) {
+  const int64_t c = (extent + n - 1) / n;
+  std::vector<int64_t> sizes;
+  for (int r = 0; r < n; ++r) sizes.push_back(std::max<int64_t>(0, std::min(c, extent - r * c)));
+  return sizes;
 }
-int64_t part_offset(int64_t extent, int n, int rank) { return std::min(rank * chunk_of(extent, n), extent); }
+
+int64_t offset_of(const std::vector<int64_t>& sizes, int rank) {
+  return std::accumulate(sizes.begin(), sizes.begin() + rank, int64_t{0});
+}
+
+std::string str(const std::vector<int64_t>& v) { return c10::str(c10::IntArrayRef(v)); }
 
 at::Tensor all_reduced(const at::Tensor& x, const ProcessGroup& group) {
   at::Tensor out = x.contiguous().clone();
@@ -42,91 +55,164 @@ at::Tensor all_reduced(const at::Tensor& x, const ProcessGroup& group) {
   return out;
 }
 
-at::Tensor gathered(const at::Tensor& x, int64_t extent, const ProcessGroup& group) {
+// The ranks' parts of `dim` (sizes[r] on rank r), gathered along it.
+at::Tensor all_gathered(const at::Tensor& x, int64_t dim, const std::vector<int64_t>& sizes, const ProcessGroup& group) {
   const int n = group.size();
-  const int64_t mine = part_size(extent, n, group.rank());
-  if (x.dim() == 0 || x.size(-1) != mine)
-    throw Error("tensor parallel: a last-dim-sharded activation of shape " + c10::str(x.sizes()) + " on TP rank " +
-                std::to_string(group.rank()) + " of " + std::to_string(n) + ": expected " + std::to_string(mine) +
-                " of " + std::to_string(extent) + " features in its last dim");
   if (n == 1) return x.contiguous().clone();
-  // Equal-sized parts on the wire (the collective needs them): pad to the chunk size.
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape.back() = chunk_of(extent, n);
+  const int64_t chunk = *std::max_element(sizes.begin(), sizes.end());
+  const at::Tensor front = x.movedim(dim, 0);
+  std::vector<int64_t> shape = front.sizes().vec();
+  shape[0] = chunk;
   at::Tensor padded = at::zeros(shape, x.options());
-  padded.narrow(-1, 0, mine).copy_(x);
-  shape.insert(shape.begin(), n);
+  padded.narrow(0, 0, front.size(0)).copy_(front);
+  shape[0] = chunk * n;
   at::Tensor all = at::empty(shape, x.options());
-  all_gather_into_tensor(all, padded, group);
+  if (all.numel() > 0) all_gather_into_tensor(all, padded, group);
   std::vector<at::Tensor> parts;
-  for (int r = 0; r < n; ++r) parts.push_back(all[r].narrow(-1, 0, part_size(extent, n, r)));
-  return at::cat(parts, -1);
+  for (int r = 0; r < n; ++r) parts.push_back(all.narrow(0, r * chunk, sizes[r]));
+  return at::cat(parts, 0).movedim(0, dim).contiguous();
 }
 
-at::Tensor own_part(const at::Tensor& x, const ProcessGroup& group) {
-  const int n = group.size(), r = group.rank();
-  const int64_t extent = x.size(-1);
-  return x.narrow(-1, part_offset(extent, n, r), part_size(extent, n, r)).contiguous().clone();
+// The sum over ranks of `x`, each rank keeping its torch.chunk part of `dim`.
+at::Tensor reduce_scattered(const at::Tensor& x, int64_t dim, const ProcessGroup& group) {
+  const int n = group.size(), rank = group.rank();
+  const std::vector<int64_t> sizes = chunk_sizes(x.size(dim), n);
+  if (n == 1) return x.contiguous().clone();
+  const int64_t chunk = sizes[0];
+  const at::Tensor front = x.movedim(dim, 0);
+  std::vector<int64_t> shape = front.sizes().vec();
+  shape[0] = chunk * n;
+  at::Tensor input = at::zeros(shape, x.options());
+  for (int r = 0; r < n; ++r)
+    input.narrow(0, r * chunk, sizes[r]).copy_(front.narrow(0, offset_of(sizes, r), sizes[r]));
+  shape[0] = chunk;
+  at::Tensor out = at::empty(shape, x.options());
+  if (out.numel() > 0) reduce_scatter_tensor(out, input, ReduceOp::SUM, group);
+  return out.narrow(0, 0, sizes[rank]).movedim(0, dim).contiguous();
+}
+
+at::Tensor own_part(const at::Tensor& x, int64_t dim, const ProcessGroup& group) {
+  const std::vector<int64_t> sizes = chunk_sizes(x.size(dim), group.size());
+  const int rank = group.rank();
+  return x.narrow(dim, offset_of(sizes, rank), sizes[rank]).contiguous().clone();
+}
+
+// Every rank's part of `dim`: torch.chunk's parts of `extent`, or, when unknown (-1), the sizes
+// the ranks hold (all-gathered), checked against torch.chunk's parts of their sum.
+std::vector<int64_t> part_sizes(const at::Tensor& x, int64_t dim, int64_t extent, const ProcessGroup& group,
+                                const std::string& who) {
+  const int n = group.size(), rank = group.rank();
+  if (extent >= 0) {
+    std::vector<int64_t> sizes = chunk_sizes(extent, n);
+    if (x.size(dim) != sizes[rank])
+      throw Error(who + ": its input " + c10::str(x.sizes()) + " on TP rank " + std::to_string(rank) + " of " +
+                  std::to_string(n) + " should hold " + std::to_string(sizes[rank]) + " of " + std::to_string(extent) +
+                  " slices of dim " + std::to_string(dim));
+    return sizes;
+  }
+  std::vector<int64_t> sizes(n, x.size(dim));
+  if (n > 1) {
+    at::Tensor mine = at::full({1}, x.size(dim), at::kLong);
+    at::Tensor all = at::empty({n}, at::kLong);
+    all_gather_into_tensor(all, mine, group);
+    for (int r = 0; r < n; ++r) sizes[r] = all[r].item<int64_t>();
+  }
+  const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  if (sizes != chunk_sizes(total, n))
+    throw Error(who + ": the TP ranks hold " + str(sizes) + " slices of dim " + std::to_string(dim) + " (rank " +
+                std::to_string(rank) + "'s input " + c10::str(x.sizes()) + "), not torch.chunk's parts of " +
+                std::to_string(total) + " over " + std::to_string(n) + " ranks " + str(chunk_sizes(total, n)));
+  return sizes;
 }
 
 struct CopyToParallel : torch::autograd::Function<CopyToParallel> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<GroupCapsule> g) {
-    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<Redistribution> r) {
+    save(ctx, std::move(r));
     return x.clone();
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {all_reduced(grads[0], capsule_of(ctx)->group), at::Tensor()};
+    return {all_reduced(grads[0], saved(ctx)->group), at::Tensor()};
   }
 };
 
 struct ReduceFromParallel : torch::autograd::Function<ReduceFromParallel> {
-  static at::Tensor forward(AutogradContext*, const at::Tensor& x, c10::intrusive_ptr<GroupCapsule> g) {
-    return all_reduced(x, g->group);
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, c10::intrusive_ptr<Redistribution> r) {
+    return all_reduced(x, r->group);
   }
   static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], at::Tensor()}; }
 };
 
-struct GatherLastDim : torch::autograd::Function<GatherLastDim> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<GroupCapsule> g) {
-    at::Tensor out = gathered(x, g->extent, g->group);
-    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
+struct Gather : torch::autograd::Function<Gather> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<Redistribution> r) {
+    at::Tensor out = all_gathered(x, r->dim, r->sizes, r->group);
+    save(ctx, std::move(r));
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {own_part(grads[0], capsule_of(ctx)->group), at::Tensor()};
+    auto r = saved(ctx);
+    const at::Tensor g = r->grad == TPGrad::Partial ? reduce_scattered(grads[0], r->dim, r->group)
+                                                    : own_part(grads[0], r->dim, r->group);
+    return {g, at::Tensor()};
   }
 };
 
-struct SplitLastDim : torch::autograd::Function<SplitLastDim> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<GroupCapsule> g) {
-    at::Tensor out = own_part(x, g->group);
-    g->extent = x.size(-1);
-    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(g));
+struct Split : torch::autograd::Function<Split> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<Redistribution> r) {
+    at::Tensor out = own_part(x, r->dim, r->group);
+    r->sizes = chunk_sizes(x.size(r->dim), r->group.size());
+    save(ctx, std::move(r));
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto g = capsule_of(ctx);
-    return {gathered(grads[0], g->extent, g->group), at::Tensor()};
+    auto r = saved(ctx);
+    return {all_gathered(grads[0], r->dim, r->sizes, r->group), at::Tensor()};
+  }
+};
+
+struct ReduceScatter : torch::autograd::Function<ReduceScatter> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<Redistribution> r) {
+    at::Tensor out = reduce_scattered(x, r->dim, r->group);
+    r->sizes = chunk_sizes(x.size(r->dim), r->group.size());
+    save(ctx, std::move(r));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto r = saved(ctx);
+    return {all_gathered(grads[0], r->dim, r->sizes, r->group), at::Tensor()};
   }
 };
 
 }  // namespace
 
+int64_t tp_normalize_dim(int64_t dim, int64_t ndim, const std::string& who) {
+  const int64_t d = dim < 0 ? dim + ndim : dim;
+  if (d < 0 || d >= ndim)
+    throw Error(who + ": dim " + std::to_string(dim) + " is out of range for a " + std::to_string(ndim) + "-dim input");
+  return d;
+}
+
 at::Tensor tp_copy_to_parallel(const at::Tensor& x, const ProcessGroup& group) {
-  return CopyToParallel::apply(x, c10::make_intrusive<GroupCapsule>(group));
+  return CopyToParallel::apply(x, c10::make_intrusive<Redistribution>(group));
 }
 
 at::Tensor tp_reduce_from_parallel(const at::Tensor& x, const ProcessGroup& group) {
-  return ReduceFromParallel::apply(x, c10::make_intrusive<GroupCapsule>(group));
+  return ReduceFromParallel::apply(x, c10::make_intrusive<Redistribution>(group));
 }
 
-at::Tensor tp_gather_last_dim(const at::Tensor& x, int64_t extent, const ProcessGroup& group) {
-  return GatherLastDim::apply(x, c10::make_intrusive<GroupCapsule>(group, extent));
+at::Tensor tp_gather(const at::Tensor& x, int64_t dim, int64_t extent, TPGrad grad, const ProcessGroup& group,
+                     const std::string& who) {
+  const int64_t d = tp_normalize_dim(dim, x.dim(), who);
+  auto r = c10::make_intrusive<Redistribution>(group, d, grad);
+  r->sizes = part_sizes(x, d, extent, group, who);
+  return Gather::apply(x, std::move(r));
 }
 
-at::Tensor tp_split_last_dim(const at::Tensor& x, const ProcessGroup& group) {
-  if (x.dim() == 0) throw Error("tensor parallel: cannot shard the last dim of a 0-dim input");
-  return SplitLastDim::apply(x, c10::make_intrusive<GroupCapsule>(group));
+at::Tensor tp_split(const at::Tensor& x, int64_t dim, const ProcessGroup& group) {
+  return Split::apply(x, c10::make_intrusive<Redistribution>(group, dim));
+}
+
+at::Tensor tp_reduce_scatter(const at::Tensor& x, int64_t dim, const ProcessGroup& group) {
+  return ReduceScatter::apply(x, c10::make_intrusive<Redistribution>(group, dim));
 }
 
 }  // namespace fsdpp::detail

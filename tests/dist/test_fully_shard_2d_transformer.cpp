@@ -1,14 +1,17 @@
 // A 2-D (FSDP x TP) transformer: seed 001's test_train_parity_2d_transformer_checkpoint_resume,
 // and clip_grad_norm_ against the plain model.
-// The seed's body is a stub; its docstring and sweep (reuse_model_optim, Adam / AdamW) and issue
-// 13 give the scenario: a 2-D transformer trains, saves model and optimizer with the distributed
-// checkpoint, trains on; a fresh (or the same) model and optimizer load the checkpoint and train
-// the same steps, at parity with the uninterrupted run. The checkpoint also resumes onto a 1-D
-// FSDP layout and onto the plain model (resharding across layouts).
+// The seed's body is a stub; its docstring and sweep (use_seq_parallel, reuse_model_optim,
+// Adam / AdamW) and issue 13 give the scenario: a 2-D transformer trains, saves model and
+// optimizer with the distributed checkpoint, trains on; a fresh (or the same) model and optimizer
+// load the checkpoint and train the same steps, at parity with the uninterrupted run. The
+// checkpoint also resumes onto a 1-D FSDP layout and onto the plain model (resharding across
+// layouts).
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
+#include <utility>
+#include <vector>
 
 #include <fsdpp/checkpoint.h>
 #include <fsdpp/clip_grad_norm.h>
@@ -43,12 +46,13 @@ TransformerArgs tiny_args() {
   return args;
 }
 
-// The 2-D model: PyTorch's Transformer.parallelize plan over "tp", then each block and the root
-// fully_shard over "dp". `seed` makes the initial values (fresh models differ from the saved one).
-std::shared_ptr<torch::nn::Module> make_2d(const DeviceMesh& mesh, uint64_t seed) {
+// The 2-D model: PyTorch's Transformer.parallelize plan (with or without sequence parallelism)
+// over "tp", then each block and the root fully_shard over "dp". `seed` makes the initial values
+// (fresh models differ from the saved one).
+std::shared_ptr<torch::nn::Module> make_2d(const DeviceMesh& mesh, uint64_t seed, bool use_seq_parallel) {
   torch::manual_seed(seed);
   TPTransformer model(tiny_args());
-  parallelize_module(*model, mesh["tp"], examples::tp_transformer_plan(tiny_args().n_layers));
+  parallelize_module(*model, mesh["tp"], examples::tp_transformer_plan(tiny_args().n_layers, use_seq_parallel));
   return fully_shard(model, FullyShardOptions().mesh(mesh["dp"]).auto_wrap_policy(ModuleWrapPolicy<TPTransformerBlockImpl>()))
       .ptr();
 }
@@ -138,15 +142,15 @@ void expect_equal_maps(const std::map<std::string, at::Tensor>& actual, const st
   }
 }
 
-// The seed's sweep at (dp, tp) = 2 x 2: reuse_model_optim F/T x Adam / AdamW; then the checkpoint
-// into a 1-D FSDP model over the world and into the plain model.
-void check_resume(RankContext& ctx, bool adamw) {
+// The seed's sweep at (dp, tp) = 2 x 2: use_seq_parallel F/T x reuse_model_optim F/T x Adam /
+// AdamW; then the checkpoint into a 1-D FSDP model over the world and into the plain model.
+void check_resume(RankContext& ctx, bool use_seq_parallel, bool adamw) {
   const DeviceMesh mesh = init_device_mesh(ctx.world, {2, 2}, {"dp", "tp"});
   const int dp = mesh.get_local_rank("dp");
-  const std::string what = adamw ? "AdamW" : "Adam";
-  const std::string dir = ctx.temp_dir + "/ckpt_" + what;
+  const std::string what = std::string(use_seq_parallel ? "SP " : "") + (adamw ? "AdamW" : "Adam");
+  const std::string dir = ctx.temp_dir + "/ckpt_" + std::string(use_seq_parallel ? "sp_" : "") + (adamw ? "AdamW" : "Adam");
 
-  auto model = make_2d(mesh, 0);
+  auto model = make_2d(mesh, 0, use_seq_parallel);
   auto opt = make_optimizer(*model, adamw, 1e-2);
   std::vector<float> uninterrupted;
   std::map<std::string, at::Tensor> saved_params, saved_optim;
@@ -162,7 +166,7 @@ void check_resume(RankContext& ctx, bool adamw) {
 
   for (bool reuse : {false, true}) {
     const std::string label = what + (reuse ? " reused" : " fresh");
-    std::shared_ptr<torch::nn::Module> resumed = reuse ? model : make_2d(mesh, 1);
+    std::shared_ptr<torch::nn::Module> resumed = reuse ? model : make_2d(mesh, 1, use_seq_parallel);
     std::unique_ptr<torch::optim::Optimizer> fresh_opt = reuse ? nullptr : make_optimizer(*resumed, adamw, 0.5);
     torch::optim::Optimizer& resumed_opt = reuse ? *opt : *fresh_opt;
     if (!reuse) {
@@ -200,24 +204,30 @@ void check_resume(RankContext& ctx, bool adamw) {
 
 TEST(FullyShard2DTraining, TrainParity2DTransformerCheckpointResume) {
   run_ranks(4, [](RankContext& ctx) {
-    for (bool adamw : {false, true}) {
-      check_resume(ctx, adamw);
-      if (::testing::Test::HasFailure()) return;
-    }
+    for (bool use_seq_parallel : {false, true})
+      for (bool adamw : {false, true}) {
+        check_resume(ctx, use_seq_parallel, adamw);
+        if (::testing::Test::HasFailure()) return;
+      }
   });
 }
 
 // clip_grad_norm_ of the 2-D transformer: the total norm over every rank's gradient blocks (TP
 // parts summed over dp x tp, the replicated norms and biases counted once) equals the plain
 // model's on the global batch (libtorch's clip_grad_norm_), norm types 2 and inf, with a
-// max_norm that clips; SGD after clipping keeps the two at parity.
+// max_norm that clips; SGD after clipping keeps the two at parity. With sequence parallelism the
+// norms' gradients are identical on the tp ranks only after their all-reduce in backward, which
+// clip_grad_norm_ relies on (it counts a TP Replicate gradient once).
 TEST(FullyShard2DTraining, ClipGradNorm2DTransformer) {
   run_ranks(4, [](RankContext& ctx) {
     const DeviceMesh mesh = init_device_mesh(ctx.world, {2, 2}, {"dp", "tp"});
     const int dp = mesh.get_local_rank("dp");
-    for (double norm_type : {2.0, std::numeric_limits<double>::infinity()}) {
-      const std::string label = "norm_type " + std::to_string(norm_type);
-      auto model = make_2d(mesh, 0);
+    const double inf = std::numeric_limits<double>::infinity();
+    for (const auto& sweep : std::vector<std::pair<bool, double>>{{false, 2.0}, {false, inf}, {true, 2.0}, {true, inf}}) {
+      const bool use_seq_parallel = sweep.first;
+      const double norm_type = sweep.second;
+      const std::string label = std::string(use_seq_parallel ? "SP " : "") + "norm_type " + std::to_string(norm_type);
+      auto model = make_2d(mesh, 0, use_seq_parallel);
       auto plain = make_plain_or_1d(ProcessGroup(), 1);
       set_model_state_dict(*plain, get_model_state_dict(*model, StateDictOptions().full_state_dict(true)));
       torch::optim::SGD opt(model->parameters(), 0.1), plain_opt(plain->parameters(), 0.1);
@@ -241,17 +251,22 @@ TEST(FullyShard2DTraining, ClipGradNorm2DTransformer) {
 }
 
 // export_safetensors of the 2-D transformer: one standard file (rank 0 writes, each 2-D block
-// gathered to it) holding the plain model's keys and exactly the FULL state dict's values.
+// gathered to it) holding the plain model's keys and exactly the FULL state dict's values, with
+// and without sequence parallelism (whose norms are TP-replicated parameters).
 TEST(FullyShard2DTraining, ExportSafetensors2DTransformer) {
   run_ranks(4, [](RankContext& ctx) {
     const DeviceMesh mesh = init_device_mesh(ctx.world, {2, 2}, {"dp", "tp"});
-    auto model = make_2d(mesh, 0);
-    auto opt = make_optimizer(*model, false, 1e-2);
-    train_step(*model, *opt, 0, mesh.get_local_rank("dp"), 2);  // values no rank had at initialization
-    const std::string file = ctx.temp_dir + "/model.safetensors";
-    ckpt::export_safetensors(*model, file);
-    const auto expected = full_values(*model);
-    if (ctx.rank == 0) expect_equal_maps(ckpt::load_safetensors(file), expected, "the exported file");
+    for (bool use_seq_parallel : {false, true}) {
+      const std::string what = use_seq_parallel ? "SP" : "no SP";
+      auto model = make_2d(mesh, 0, use_seq_parallel);
+      auto opt = make_optimizer(*model, false, 1e-2);
+      train_step(*model, *opt, 0, mesh.get_local_rank("dp"), 2);  // values no rank had at initialization
+      const std::string file = ctx.temp_dir + "/model" + (use_seq_parallel ? "_sp" : "") + ".safetensors";
+      ckpt::export_safetensors(*model, file);
+      const auto expected = full_values(*model);
+      if (ctx.rank == 0) expect_equal_maps(ckpt::load_safetensors(file), expected, what + ": the exported file");
+      if (::testing::Test::HasFailure()) return;
+    }
   });
 }
 
@@ -260,7 +275,7 @@ TEST(FullyShard2DTraining, ExportSafetensors2DTransformer) {
 TEST(FullyShard2DTraining, CheckpointIntoAnotherArchitectureIsRefused) {
   run_ranks(4, [](RankContext& ctx) {
     const DeviceMesh mesh = init_device_mesh(ctx.world, {2, 2}, {"dp", "tp"});
-    auto model = make_2d(mesh, 0);
+    auto model = make_2d(mesh, 0, /*use_seq_parallel=*/false);
     auto opt = make_optimizer(*model, false, 1e-2);
     const std::string dir = ctx.temp_dir + "/ckpt";
     save(*model, *opt, dir);
