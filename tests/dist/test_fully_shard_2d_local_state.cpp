@@ -15,6 +15,8 @@
 namespace fsdpp {
 namespace {
 
+using testing::error_of;
+
 constexpr int64_t kDim = 17;  // in_proj [51, 17]: TP rows 26 / 25 at tp 2, 13 / 13 / 13 / 12 at tp 4
 
 void train_one_step(torch::nn::Module& model, const std::function<at::Tensor(const at::Tensor&)>& forward) {
