@@ -4,7 +4,7 @@
 // slice's dp x tp ranks (under HSDP: one replica's shard x tp ranks; the replicas hold the same
 // blocks). A distributed checkpoint of the SHARDED model and optimizer state dicts saved mid-run
 // resumes onto a fresh model bitwise equal to the uninterrupted run, and loads into the plain
-// model exactly.
+// model exactly. At world size 4 (dp 1) and 8 (dp 2).
 #include <algorithm>
 #include <map>
 #include <string>
@@ -117,47 +117,65 @@ void check_resume(const DeviceMesh& dp_mesh, const DeviceMesh& tp_mesh, int part
   expect_equal_maps(plain_params, saved_params, label + " plain model");
 }
 
-// Seed 001's 3-D mesh with pp = 2 (at world size 4: (pp, dp, tp) = 2 x 1 x 2): each stage's 2-D
-// model ({0, 1} and {2, 3}) trains on its own data and checkpoints on its own; state-dict calls
-// are made by one stage's ranks only.
-TEST(FullyShard2DSubmeshState, PipelineStagesCheckpointAndResume) {
-  run_ranks(4, [](RankContext& ctx) {
-    const DeviceMesh mesh = init_device_mesh(ctx.world, {2, 1, 2}, {"pp", "dp", "tp"});
-    const int pp = mesh.get_local_rank("pp");
-    ProcessGroup stage;
-    for (int s = 0; s < 2; ++s) {  // every rank makes both stages' groups, in the same order
-      ProcessGroup g = ctx.world.new_group({2 * s, 2 * s + 1});
-      if (s == pp) stage = g;
-    }
-    check_resume(mesh["dp"], mesh["tp"], pp, stage, ctx.temp_dir + "/stage" + std::to_string(pp), stage.ranks(),
-                 "stage " + std::to_string(pp));
-  });
+// Seed 001's 3-D mesh with pp = 2: each stage's 2-D model (the stage's dp x tp ranks) trains on its
+// own data and checkpoints on its own; state-dict calls are made by one stage's ranks only.
+void check_pipeline_stages(RankContext& ctx, int dp_size, int tp_size) {
+  const DeviceMesh mesh = init_device_mesh(ctx.world, {2, dp_size, tp_size}, {"pp", "dp", "tp"});
+  const int pp = mesh.get_local_rank("pp"), per_stage = dp_size * tp_size;
+  ProcessGroup stage;
+  for (int s = 0; s < 2; ++s) {  // every rank makes both stages' groups, in the same order
+    std::vector<int> ranks;
+    for (int r = 0; r < per_stage; ++r) ranks.push_back(s * per_stage + r);
+    ProcessGroup g = ctx.world.new_group(ranks);
+    if (s == pp) stage = g;
+  }
+  check_resume(mesh["dp"], mesh["tp"], pp, stage, ctx.temp_dir + "/stage" + std::to_string(pp), stage.ranks(),
+               "stage " + std::to_string(pp));
 }
 
-// HSDP x TP (at world size 4: (replicate, shard, tp) = 2 x 1 x 2): each replica's blocks over its
-// own shard x tp ranks; the replicas (which train on different data and all-reduce) save one
-// checkpoint over the world, each block written once.
-TEST(FullyShard2DSubmeshState, HsdpTimesTpCheckpointAndResume) {
-  run_ranks(4, [](RankContext& ctx) {
-    const DeviceMesh mesh = init_device_mesh(ctx.world, {2, 1, 2}, {"replicate", "shard", "tp"});
-    const int replica = mesh.get_local_rank("replicate");
-    const std::string dir = ctx.temp_dir + "/hsdp_tp";
-    check_resume(mesh[std::vector<std::string>{"replicate", "shard"}], mesh["tp"], replica, ctx.world, dir,
-                 {2 * replica, 2 * replica + 1}, "replica " + std::to_string(replica));
-    // Each block once: a tensor's chunks tile it without repeats.
-    const ckpt::Metadata metadata = ckpt::read_metadata(dir);
-    for (const auto& [key, info] : metadata.entries) {
-      if (info.kind != ckpt::Entry::Kind::kTensor) continue;
-      int64_t numel = 1, chunked = 0;
-      for (int64_t s : info.shape) numel *= s;
-      for (const auto& chunk : info.chunks) {
-        int64_t n = 1;
-        for (int64_t s : chunk.sizes) n *= s;
-        chunked += n;
-      }
-      EXPECT_EQ(chunked, numel) << key;
+// HSDP x TP: each replica's blocks over its own shard x tp ranks; the replicas (which train on
+// different data and all-reduce) save one checkpoint over the world, each block written once.
+void check_hsdp_times_tp(RankContext& ctx, int shard_size, int tp_size) {
+  const DeviceMesh mesh = init_device_mesh(ctx.world, {2, shard_size, tp_size}, {"replicate", "shard", "tp"});
+  const int replica = mesh.get_local_rank("replicate"), per_replica = shard_size * tp_size;
+  const std::string dir = ctx.temp_dir + "/hsdp_tp";
+  std::vector<int> ranks;
+  for (int r = 0; r < per_replica; ++r) ranks.push_back(replica * per_replica + r);
+  check_resume(mesh[std::vector<std::string>{"replicate", "shard"}], mesh["tp"], replica, ctx.world, dir, ranks,
+               "replica " + std::to_string(replica));
+  // Each block once: a tensor's chunks tile it without repeats.
+  const ckpt::Metadata metadata = ckpt::read_metadata(dir);
+  for (const auto& [key, info] : metadata.entries) {
+    if (info.kind != ckpt::Entry::Kind::kTensor) continue;
+    int64_t numel = 1, chunked = 0;
+    for (int64_t s : info.shape) numel *= s;
+    for (const auto& chunk : info.chunks) {
+      int64_t n = 1;
+      for (int64_t s : chunk.sizes) n *= s;
+      chunked += n;
     }
-  });
+    EXPECT_EQ(chunked, numel) << key;
+  }
+}
+
+// At world size 4: (pp, dp, tp) = 2 x 1 x 2.
+TEST(FullyShard2DSubmeshState, PipelineStagesCheckpointAndResume) {
+  run_ranks(4, [](RankContext& ctx) { check_pipeline_stages(ctx, 1, 2); });
+}
+
+// At world size 4: (replicate, shard, tp) = 2 x 1 x 2.
+TEST(FullyShard2DSubmeshState, HsdpTimesTpCheckpointAndResume) {
+  run_ranks(4, [](RankContext& ctx) { check_hsdp_times_tp(ctx, 1, 2); });
+}
+
+// The seed's 8-GPU mesh, 2 x 2 x 2: FSDP over 2 ranks in each slice (the mesh learnt by a real
+// all-gather over dp).
+TEST(FullyShard2DSubmeshState, PipelineStages2x2x2) {
+  run_ranks(8, [](RankContext& ctx) { check_pipeline_stages(ctx, 2, 2); });
+}
+
+TEST(FullyShard2DSubmeshState, HsdpTimesTp2x2x2) {
+  run_ranks(8, [](RankContext& ctx) { check_hsdp_times_tp(ctx, 2, 2); });
 }
 
 }  // namespace
