@@ -284,6 +284,42 @@ ProcessGroup strided_subgroup(const ProcessGroup& group, int k) {
   return g.strided_subgroups[k] = mine;
 }
 
+ProcessGroup members_group(const ProcessGroup& group, std::vector<int> ranks) {
+  const ProcessGroupImpl& parent = group.impl();
+  std::sort(ranks.begin(), ranks.end());
+  std::lock_guard<std::mutex> lock(parent.subgroups_mutex);
+  auto it = parent.member_groups.find(ranks);
+  if (it != parent.member_groups.end()) return it->second;
+  if (ranks.empty()) throw Error("members_group: the list of ranks is empty");
+  std::string label;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i && ranks[i] == ranks[i - 1])
+      throw Error("members_group: rank " + std::to_string(ranks[i]) + " is listed twice in " + list_ranks(ranks));
+    if (std::find(parent.ranks.begin(), parent.ranks.end(), ranks[i]) == parent.ranks.end())
+      throw Error("members_group: rank " + std::to_string(ranks[i]) + " is outside group " + parent.name + " " +
+                  list_ranks(parent.ranks));
+    label += (i ? "," : "") + std::to_string(ranks[i]);
+  }
+  auto me = std::find(ranks.begin(), ranks.end(), parent.global_rank);
+  if (me == ranks.end())
+    throw Error("members_group: global rank " + std::to_string(parent.global_rank) + " is not among " +
+                list_ranks(ranks) + ", whose members alone make their group");
+  auto child = std::make_shared<ProcessGroupImpl>();
+  // Named after its ranks, not numbered as new_group's children: only its members make it, so
+  // a counter would differ across the ranks of the parent.
+  child->name = parent.name + "/{" + label + "}";
+  child->backend_name = parent.backend_name;
+  child->store = parent.store;
+  child->ranks = ranks;
+  child->global_rank = parent.global_rank;
+  child->timeout = parent.timeout;
+  child->check_collectives = parent.check_collectives;
+  child->rank = static_cast<int>(me - ranks.begin());
+  connect(*child, /*local_only=*/false, child->timeout);
+  child->comm_thread = std::make_unique<CommThread>();
+  return parent.member_groups[ranks] = ProcessGroup(std::move(child));
+}
+
 }  // namespace detail
 
 InitProcessGroupOptions& InitProcessGroupOptions::store(c10::intrusive_ptr<c10d::Store> v) {

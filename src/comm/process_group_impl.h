@@ -18,6 +18,8 @@
 
 namespace fsdpp::detail {
 
+struct FlattenedMesh;
+
 struct ProcessGroupImpl {
   std::string name;                           // "world", "world/0", ...
   std::string backend_name;                   // "gloo"
@@ -48,6 +50,11 @@ struct ProcessGroupImpl {
   // Subgroups made from this group, by k: they live and die with it.
   mutable std::mutex subgroups_mutex;
   mutable std::map<int, ProcessGroup> consecutive_subgroups, strided_subgroups;
+  // Groups made by members_group, by their (sorted) global ranks.
+  mutable std::map<std::vector<int>, ProcessGroup> member_groups;
+  // Meshes made by flattened_mesh with this group outer, by the inner group's ranks.
+  mutable std::mutex meshes_mutex;
+  mutable std::map<std::vector<int>, std::shared_ptr<const FlattenedMesh>> flattened_meshes;
 
   int size() const { return static_cast<int>(ranks.size()); }
   // "group world (rank 1 of 4)"
@@ -65,5 +72,11 @@ ProcessGroup consecutive_subgroup(const ProcessGroup& group, int k);
 // members with the same place in every consecutive_subgroup(group, k) (HSDP's replicate groups).
 // Collective and cached as consecutive_subgroup.
 ProcessGroup strided_subgroup(const ProcessGroup& group, int k);
+// The group of exactly `ranks` (global ranks, members of `group`; this rank among them), made by
+// its members alone (PyTorch's new_group(..., use_local_synchronization=True)): only the listed
+// ranks call it, the other members of `group` need not. Collective over `ranks` the first time
+// for a given set; cached on `group` after, so one set of ranks has one group (and one store
+// prefix, named after the ranks) per process.
+ProcessGroup members_group(const ProcessGroup& group, std::vector<int> ranks);
 
 }  // namespace fsdpp::detail

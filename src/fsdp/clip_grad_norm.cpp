@@ -28,6 +28,7 @@
 #include <fsdpp/fully_shard.h>
 #include <fsdpp/tensor_parallel.h>
 
+#include "comm/flattened_mesh.h"
 #include "common/shape_string.h"
 
 namespace fsdpp {
@@ -117,8 +118,9 @@ at::Tensor clip_grad_norm_(torch::nn::Module& module, double max_norm, double no
   const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().param.device();
 
   // The group over which each partitioned gradient's parts lie: a unit's shard group; a
-  // tensor-parallel Shard's TP group; both (2-D FSDP x TP): the default group, which the dp x tp
-  // mesh must span (so no replica counts twice). A TP Replicate gradient is the same on its TP
+  // tensor-parallel Shard's TP group; both (2-D FSDP x TP): the group of the dp x tp mesh's ranks
+  // (under HSDP, of one replica's shard x tp ranks, as 1-D HSDP sums over the shard group only).
+  // A TP Replicate gradient is the same on its TP
   // ranks, as any replicated one.
   std::map<std::vector<int>, ProcessGroup> groups;                    // by global ranks: one order on every rank
   std::map<const c10::TensorImpl*, const std::vector<int>*> group_of;  // parameter -> its group's key
@@ -136,14 +138,17 @@ at::Tensor clip_grad_norm_(torch::nn::Module& module, double max_norm, double no
         join(sp.param, group);
         continue;
       }
-      const ProcessGroup world = default_group();
-      if (group.size() * tp->second.size() != world.size())
+      // Its blocks tile the parameter over the (dp, tp) mesh: the norm's part sums over the
+      // mesh's group (made by its members alone, so pipeline stages and HSDP replicas apart).
+      std::shared_ptr<const detail::FlattenedMesh> mesh;
+      try {
+        mesh = detail::flattened_mesh(group, tp->second);
+      } catch (const Error& e) {
         throw Error("clip_grad_norm_: a 2-D parameter (" + detail::shape_string(sp.layout.global_shape()) +
-                    " TP part) is sharded over " + group.name() + " and " + tp->second.name() + ", whose " +
-                    std::to_string(group.size()) + " x " + std::to_string(tp->second.size()) +
-                    " ranks are not the default group of " + std::to_string(world.size()) +
-                    "; clipping 2-D models needs a (dp, tp) mesh spanning the world");
-      join(sp.param, world);
+                    " TP part) is sharded over " + group.name() + " and " + tp->second.name() + ": " +
+                    std::string(e.what()).substr(std::string("fsdpp: ").size()));
+      }
+      join(sp.param, mesh->group);
       tp_group_of.erase(tp);
     }
   }

@@ -1,16 +1,14 @@
 #include "state_dict/model_layout.h"
 
 #include <algorithm>
-#include <map>
 #include <unordered_map>
 
 #include <ATen/ATen.h>
 
-#include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 #include <fsdpp/tensor_parallel.h>
 
-#include "common/shape_string.h"
+#include "comm/flattened_mesh.h"
 
 namespace fsdpp::detail {
 namespace {
@@ -49,42 +47,22 @@ void visit_module(torch::nn::Module& m, const std::string& prefix, const Owners&
                  out);
 }
 
-// The global ranks of a (dp, tp) mesh, dp-major: grid[i * T + j] is the rank at dp i, tp j.
-// Each dp member contributes its tp group's ranks (all-gather over dp).
-std::vector<int> two_d_grid(const std::string& key, const ProcessGroup& dp, const ProcessGroup& tp) {
-  const int64_t t = tp.size();
-  at::Tensor mine = at::empty({t}, at::kLong);
-  for (int64_t j = 0; j < t; ++j) mine[j] = tp.ranks()[j];
-  at::Tensor all = at::empty({dp.size() * t}, at::kLong);
-  if (dp.size() > 1)
-    all_gather_into_tensor(all, mine, dp);
-  else
-    all.copy_(mine);
-  std::vector<int> grid(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
-  std::vector<int> sorted = grid, world = default_group().ranks();
-  std::sort(sorted.begin(), sorted.end());
-  std::sort(world.begin(), world.end());
-  if (sorted != world)
-    throw Error("'" + key + "' is 2-D (FSDP over " + dp.name() + " of a TP part over " + tp.name() + "), but the " +
-                std::to_string(dp.size()) + " x " + std::to_string(t) +
-                " mesh of its ranks is not the default group of " + std::to_string(world.size()) +
-                " ranks; sharded state of 2-D models needs a (dp, tp) mesh spanning the world");
-  return grid;
-}
-
 // A 2-D entry's layout: the TP Shard over tp, then FSDP's Shard over dp of each TP-local part
-// (every tp rank's FSDP unit shards its own part), as the block each rank of the world holds.
-TensorLayout two_d_layout(const ModelEntry& e, const std::vector<int>& grid) {
+// (every tp rank's FSDP unit shards its own part), as the block each rank of the (dp, tp) mesh
+// holds, over the mesh's group. Under HSDP, dp is the shard group: each replica's mesh has its
+// own group and the same blocks (a checkpoint writes each once).
+TensorLayout two_d_layout(const ModelEntry& e, const FlattenedMesh& mesh) {
   const TensorLayout& tp = *e.tp_layout;
   const TensorLayout& fsdp = e.sharded->layout;
-  const ProcessGroup world = default_group();
+  const ProcessGroup& group = mesh.group;
+  const std::vector<int>& grid = mesh.grid;
   const int t = tp.process_group().size(), d = fsdp.process_group().size();
   const int64_t tp_dim = tp.placements().front().dim(), fsdp_dim = fsdp.placements().front().dim();
-  std::vector<ShardMetadata> blocks(world.size());
+  std::vector<ShardMetadata> blocks(group.size());
   for (int j = 0; j < t; ++j) {
     const TensorLayout part(tp.local_shape(j), fsdp.placements().front(), fsdp.process_group());
     for (int i = 0; i < d; ++i) {
-      const int rank = world.group_rank(grid[static_cast<size_t>(i) * t + j]);
+      const int rank = group.group_rank(grid[static_cast<size_t>(i) * t + j]);
       ShardMetadata& b = blocks[rank];
       b.placement = rank;
       b.shard_offsets.assign(tp.global_shape().size(), 0);
@@ -93,19 +71,24 @@ TensorLayout two_d_layout(const ModelEntry& e, const std::vector<int>& grid) {
       b.shard_offsets[fsdp_dim] += part.local_offset(i);
     }
   }
-  return TensorLayout(tp.global_shape(), {fsdp.placements().front(), tp.placements().front()}, world, std::move(blocks));
+  return TensorLayout(tp.global_shape(), {fsdp.placements().front(), tp.placements().front()}, group, std::move(blocks));
 }
 
-// Each entry's layout (ModelEntry::layout); 2-D ones learn their mesh once per (dp, tp) pair.
+// Each entry's layout (ModelEntry::layout); 2-D ones lie over their (dp, tp) mesh, learnt (and its
+// group made) by the first state-dict call of any model on that pair of groups, cached after.
 void set_layouts(ModelLayout& layout) {
-  std::map<std::pair<std::vector<int>, std::vector<int>>, std::vector<int>> grids;  // by the groups' ranks
   for (auto& e : layout.entries) {
     const bool tp_shard = e.tp_layout && e.tp_layout->placements().front().is_shard();
     if (tp_shard && e.sharded) {
       const ProcessGroup &dp = e.sharded->layout.process_group(), &tp = e.tp_layout->process_group();
-      auto it = grids.find({dp.ranks(), tp.ranks()});
-      if (it == grids.end()) it = grids.emplace(std::make_pair(dp.ranks(), tp.ranks()), two_d_grid(e.key, dp, tp)).first;
-      e.layout = two_d_layout(e, it->second);
+      std::shared_ptr<const FlattenedMesh> mesh;
+      try {
+        mesh = flattened_mesh(dp, tp);
+      } catch (const Error& err) {
+        throw Error("'" + e.key + "' is 2-D (FSDP over " + dp.name() + " of a TP part over " + tp.name() +
+                    "): " + std::string(err.what()).substr(std::string("fsdpp: ").size()));
+      }
+      e.layout = two_d_layout(e, *mesh);
     } else if (e.sharded) {
       e.layout = e.sharded->layout;
     } else if (tp_shard) {
@@ -129,18 +112,6 @@ ModelLayout collect_layout(torch::nn::Module& model) {
   visit_module(model, "", owners, tp, layout);
   set_layouts(layout);
   return layout;
-}
-
-void refuse_tensor_parallel(const ModelLayout& layout, const std::string& api, const std::string& what,
-                            const std::string& instead) {
-  for (const auto& e : layout.entries) {
-    if (!e.tp_layout) continue;
-    const TensorLayout& l = *e.tp_layout;
-    throw Error(api + ": '" + e.key + "' is tensor-parallel (global shape " + shape_string(l.global_shape()) + ", " +
-                l.placements().front().to_string() + " over the TP group of " +
-                std::to_string(l.process_group().size()) + " ranks" + (e.sharded ? ", then FSDP-sharded: 2-D" : "") +
-                "); " + what + " of tensor-parallel models: not supported yet" + (instead.empty() ? "" : ": " + instead));
-  }
 }
 
 std::unordered_map<const c10::TensorImpl*, at::Tensor> gather_full_params(const ModelLayout& layout) {

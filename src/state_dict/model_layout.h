@@ -26,7 +26,8 @@ struct ModelEntry {
   std::optional<TensorLayout> tp_layout;
   // How its value lies over the ranks in SHARDED state dicts and optimizer state: the unit's
   // layout (FSDP), the TP layout (a TP Shard without FSDP), both composed as blocks over the
-  // default group (2-D: a TP Shard, then FSDP over dp). Unset: whole on every rank (a TP
+  // group of the (dp, tp) mesh's ranks (2-D: a TP Shard, then FSDP over dp; under HSDP dp is the
+  // shard group, each replica's mesh its own group). Unset: whole on every rank (a TP
   // Replicate parameter is the FSDP layout's, or whole, as its tp ranks hold the same).
   std::optional<TensorLayout> layout;
 };
@@ -44,15 +45,10 @@ struct ModelLayout {
   std::vector<UnitEntry> units;     // units with parameters, module order
 };
 
-// Collective when the model is 2-D (FSDP x TP): one all-gather over each unit's group, to learn
-// which rank holds which block. Every rank of the model calls it alike.
+// Collective the first time a 2-D (FSDP x TP) model's (dp, tp) pair of groups is seen in this
+// process (detail::flattened_mesh: an all-gather over dp to learn which rank holds which block,
+// then the group of the mesh's ranks); no communication after. Every rank of the model calls it alike.
 ModelLayout collect_layout(torch::nn::Module& model);
-
-// Throws naming the first tensor-parallel entry: what `api` cannot do for TP (and 2-D FSDP x TP)
-// models yet, rather than giving their TP-local parts as if they were whole.
-// `what` is what is refused ("SHARDED_STATE_DICT"), `instead` what works (may be empty).
-void refuse_tensor_parallel(const ModelLayout& layout, const std::string& api, const std::string& what,
-                            const std::string& instead);
 
 // Each FSDP parameter's full value by its TensorImpl (collective over each unit's group).
 std::unordered_map<const c10::TensorImpl*, at::Tensor> gather_full_params(const ModelLayout& layout);

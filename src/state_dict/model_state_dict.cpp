@@ -177,10 +177,9 @@ StateDict produce(torch::nn::Module& model, StateDictType type, bool offload, bo
     for (size_t i = 0; i < layout.entries.size(); ++i) sd.insert(layout.entries[i].key, offloaded(values[i], offload));
     return sd;
   }
-  // A LOCAL dict holds flat FSDP shards of TP-local parts, which nothing here can place yet.
-  if (type == StateDictType::LOCAL_STATE_DICT)
-    detail::refuse_tensor_parallel(layout, "model state dict", to_string(type),
-                                   "take a FULL or SHARDED state dict (FULL_STATE_DICT or SHARDED_STATE_DICT)");
+  // LOCAL: this rank's own tensors. An FSDP unit's flat parameter (over its group; for a 2-D
+  // model, of this tp rank's TP-local parts), and every other tensor as the module holds it (a
+  // tensor-parallel one: its TP-local part).
   size_t next_unit = 0;
   for (size_t i = 0; i <= layout.entries.size(); ++i) {
     if (type == StateDictType::LOCAL_STATE_DICT)
@@ -307,7 +306,23 @@ std::vector<Write> plan_writes(const LoadRequest& req) {
     if (req.local() && e.sharded) continue;
     const StateDictValue* v = req.sd.find(e.key);
     if (!v) continue;
-    if (!e.layout) {
+    // LOCAL: a tensor-parallel entry outside FSDP units is this rank's TP part, whole.
+    const bool tp_local = req.local() && e.tp_layout && e.tp_layout->placements().front().is_shard();
+    if (tp_local) {
+      const TensorLayout& tp = *e.tp_layout;
+      const std::string part = "this rank's tensor-parallel part of '" + e.key + "' (global shape " +
+                               shape_string(tp.global_shape()) + ", " + tp.placements().front().to_string() +
+                               " over the TP group of " + std::to_string(tp.process_group().size()) +
+                               " ranks), shape " + shape_string(e.tensor.sizes());
+      if (!v->is_tensor())
+        throw Error(api + ": '" + e.key + "' is a ShardedTensor of global shape " + shape_string(v->sizes()) +
+                    ", but a LOCAL_STATE_DICT holds " + part + ", as a whole tensor");
+      if (v->tensor().sizes() != e.tensor.sizes())
+        throw Error(api + ": size mismatch for '" + e.key + "': the LOCAL_STATE_DICT holds shape " +
+                    shape_string(v->tensor().sizes()) + ", but the model's LOCAL layout is " + part +
+                    " (a dict of a different tensor-parallel layout or rank?)");
+    }
+    if (!e.layout || tp_local) {
       if (!v->is_tensor())
         throw Error(api + ": '" + e.key + "' is a ShardedTensor but the model holds it whole (sharded neither by FSDP "
                     "nor by tensor parallelism)");
@@ -380,9 +395,6 @@ void commit(const LoadRequest& req, const std::vector<Write>& writes, const std:
 IncompatibleKeys load(torch::nn::Module& model, const StateDict& sd, std::optional<StateDictType> expected, bool strict,
                       const std::string& api) {
   const LoadRequest req{sd, detail::collect_layout(model), expected, api};
-  // A LOCAL dict holds flat FSDP shards of TP-local parts, which nothing here can place yet.
-  if (req.local())
-    detail::refuse_tensor_parallel(req.layout, api, "LOCAL_STATE_DICT", "load a FULL or SHARDED state dict");
   IncompatibleKeys result = check_keys(req, strict);
   const std::vector<Write> writes = plan_writes(req);
   commit(req, writes, resolve(writes));

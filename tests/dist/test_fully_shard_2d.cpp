@@ -141,7 +141,7 @@ std::map<std::string, at::Tensor> global_values(const StateDict& sd) {
 // State dicts of a 2-D model hold the plain model's keys with global values: FULL (FSDP's gather
 // over dp, then TP's over tp) and SHARDED (each rank's 2-D block as a ShardedTensor over the
 // world); each loads into a fresh 2-D model, FULL into the plain model, SHARDED into a TP-only
-// model (redistributed). Optimizer state dicts likewise. LOCAL dicts are refused.
+// model (redistributed). Optimizer state dicts likewise. (LOCAL dicts: test_fully_shard_2d_local_state.cpp.)
 TEST(FullyShard2DStateDict, FullAndShardedStateDictsHoldGlobalValues) {
   run_ranks(4, [](RankContext& ctx) {
     const DeviceMesh mesh = init_device_mesh(ctx.world, {2, 2}, {"dp", "tp"});
@@ -168,7 +168,8 @@ TEST(FullyShard2DStateDict, FullAndShardedStateDictsHoldGlobalValues) {
     EXPECT_EQ(rank0.size(), ctx.rank == 0 ? full.size() : 0u);
     for (const auto& [key, value] : rank0) EXPECT_TRUE(value.tensor().equal(expected.at(key))) << key;
 
-    // SHARDED: the plain keys; a TP-sharded parameter is this rank's 2-D block ([51, 17]
+    // SHARDED: the plain keys; a TP-sharded parameter is this rank's 2-D block over the group of
+    // the dp x tp ranks (here the world) ([51, 17]
     // column-wise: TP rows [26 * tp, ...), then FSDP rows of those over dp); the row-wise bias
     // (replicated over tp) is FSDP's rows over dp, as any FSDP parameter.
     const StateDict sharded = get_model_state_dict(model);
@@ -233,16 +234,6 @@ TEST(FullyShard2DStateDict, FullAndShardedStateDictsHoldGlobalValues) {
     for (const auto& [key, value] : full_optim) EXPECT_TRUE(reloaded.at(key).tensor().equal(value.tensor())) << key;
     EXPECT_DOUBLE_EQ(fresh_opt.param_groups()[0].options().get_lr(), 1e-2);
 
-    // Refused: a LOCAL load (flat FSDP shards of TP parts).
-    {
-      auto scope = state_dict_type(*model, StateDictType::LOCAL_STATE_DICT);
-      const std::string local = error_of([&] { load_state_dict(*model, full); });
-      EXPECT_NE(local.find("'0.in_proj.weight' is tensor-parallel (global shape [51, 17], Shard(0) over the TP group of "
-                           "2 ranks, then FSDP-sharded: 2-D)"),
-                std::string::npos)
-          << local;
-      EXPECT_NE(local.find("LOCAL_STATE_DICT of tensor-parallel models: not supported yet"), std::string::npos) << local;
-    }
     // A whole value of the TP-local shape (a TP model's old local state dict) is refused naming both shapes.
     StateDict local = full;
     local.set("0.in_proj.weight", torch::zeros({26, 17}));
