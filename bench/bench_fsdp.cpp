@@ -199,10 +199,11 @@ int main(int argc, char** argv) {
     // Issue 14's bound: activations + 2 x the largest unit (one computing, one prefetched).
     // Activations = what forward leaves beyond the root's unsharded parameters.
     const double act = after_forward - root_unit, u = largest_unit;
+    // The root stays gathered through backward (as in FSDP2), so it is counted beside act.
     std::printf("  in units U = %.3f MiB: activations %.2f U, root %.2f U; forward peak %.2f U = act + root + %.2f U; "
-                "backward peak %.2f U = act + %.2f U (bound act + 2 U: %.2f)\n",
+                "backward peak %.2f U = act + root + %.2f U; backward peak / (act + 2 U) = %.2f\n",
                 mib(u), act / u, root_unit / u, forward_peak / u, (forward_peak - act - root_unit) / u, backward_peak / u,
-                (backward_peak - act) / u, backward_peak / (act + 2 * u));
+                (backward_peak - act - root_unit) / u, backward_peak / (act + 2 * u));
     std::printf("step time (median): FSDP %.2f ms, FSDP without prefetch %.2f ms, DDP %.2f ms, single process %.2f ms\n",
                 fsdp_time * 1e3, no_prefetch_time * 1e3, ddp_time * 1e3, single_time * 1e3);
     std::printf("minor page faults per step (rank 0): FSDP %.0f, DDP %.0f; allocator cache %s\n", fsdp_faults,

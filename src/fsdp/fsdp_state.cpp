@@ -214,13 +214,19 @@ void FSDPState::post_backward() {
   if (ran_post_backward_) return;
   ran_post_backward_ = true;
   training_state_ = TrainingState::kPostBackward;
-  if (param_group_) param_group_->post_backward();
   // Reduce-scatters that already finished free their buffers now rather than at the end of
-  // backward, so backward's memory does not grow with the number of units.
-  if (context_)
-    for (auto& w : context_->states)
-      if (auto s = w.lock())
-        if (s->param_group_ && s->param_group_->reduce_scatter_done()) s->param_group_->finalize_backward();
+  // backward, so backward's memory does not grow with the number of units: before this unit's
+  // reduce-scatter buffers are allocated, and again after.
+  finalize_finished_reduce_scatters();
+  if (param_group_) param_group_->post_backward();
+  finalize_finished_reduce_scatters();
+}
+
+void FSDPState::finalize_finished_reduce_scatters() {
+  if (!context_) return;
+  for (auto& w : context_->states)
+    if (auto s = w.lock())
+      if (s->param_group_ && s->param_group_->reduce_scatter_done()) s->param_group_->finalize_backward();
 }
 
 void FSDPState::queue_final_callback() {

@@ -872,8 +872,9 @@ TEST_P(FullyShardMemory, StepPeakIsBoundedByUnits) {
     const double act = static_cast<double>(memory_stats().current_bytes) - held - root_bytes;
     loss.backward();
     const double backward_peak = static_cast<double>(memory_stats().peak_bytes) - held;
-    // Slack: reduce-scatter outputs and gradient shards (U/N each), a few small tensors.
-    const double slack = 0.3 * u;
+    // Beyond the units: up to two reduce-scatter outputs (U/N each: the unit's and the previous
+    // unit's, when its exchange is still running) and a few small tensors.
+    const double slack = 2 * u / ctx.world_size + 0.1 * u;
     EXPECT_LE(forward_peak, act + root_bytes + 2 * u + slack)
         << "forward peak " << forward_peak / u << " U, activations " << act / u << " U, root " << root_bytes / u << " U";
     EXPECT_LE(backward_peak, act + root_bytes + 3 * u + slack)
