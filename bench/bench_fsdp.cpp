@@ -108,11 +108,12 @@ int main(int argc, char** argv) {
   const double fsdp_state = state_bytes(model->parameters());
 
   // Wire bytes of one step vs the bound computed from the units' padded sizes.
-  double bound = 0, largest_unit = 0;
+  double bound = 0, largest_unit = 0, root_unit = 0;
   for (const auto& m : model->modules())
     if (auto* unit = dynamic_cast<fsdpp::FSDPModule*>(m.get())) {
       const double psi = unit->unsharded_padded_numel() * 4.0;
       largest_unit = std::max(largest_unit, psi);
+      if (unit->is_root()) root_unit = psi;
       const bool reshards = !unit->is_root() && unit->options().reshard_after_forward_.reshards();
       bound += (reshards ? 3.0 : 2.0) * (n - 1) / n * psi;
     }
@@ -195,6 +196,14 @@ int main(int argc, char** argv) {
                 mib(fsdp_transient), mib(largest_unit), mib(ddp_transient));
     std::printf("  FSDP: peak in forward %.3f MiB, held after forward %.3f MiB, peak through backward %.3f MiB\n",
                 mib(forward_peak), mib(after_forward), mib(backward_peak));
+    // Issue 14's bound: activations + 2 x the largest unit (one computing, one prefetched).
+    // Activations = what forward leaves beyond the root's unsharded parameters.
+    const double act = after_forward - root_unit, u = largest_unit;
+    // The root stays gathered through backward (as in FSDP2), so it is counted beside act.
+    std::printf("  in units U = %.3f MiB: activations %.2f U, root %.2f U; forward peak %.2f U = act + root + %.2f U; "
+                "backward peak %.2f U = act + root + %.2f U; backward peak / (act + 2 U) = %.2f\n",
+                mib(u), act / u, root_unit / u, forward_peak / u, (forward_peak - act - root_unit) / u, backward_peak / u,
+                (backward_peak - act - root_unit) / u, backward_peak / (act + 2 * u));
     std::printf("step time (median): FSDP %.2f ms, FSDP without prefetch %.2f ms, DDP %.2f ms, single process %.2f ms\n",
                 fsdp_time * 1e3, no_prefetch_time * 1e3, ddp_time * 1e3, single_time * 1e3);
     std::printf("minor page faults per step (rank 0): FSDP %.0f, DDP %.0f; allocator cache %s\n", fsdp_faults,

@@ -1,8 +1,9 @@
 #pragma once
-// Collectives that their group's comm thread starts only once a collective of another group
-// has finished: FSDP's replicate all-reduce of a gradient shard, chained after the unit's
-// reduce-scatter (FSDP2's foreach_reduce issues it on the all-reduce stream after waiting for
-// the reduce-scatter stream). Private to fsdpp.
+// Collectives with work hooked onto their group's comm thread: an all-reduce started only once a
+// collective of another group has finished (FSDP's replicate all-reduce of a gradient shard,
+// chained after the unit's reduce-scatter, as FSDP2's foreach_reduce waits for the
+// reduce-scatter stream), and FSDP's all-gather and reduce-scatter whose buffers live only while
+// the comm thread runs them. Private to fsdpp.
 #include <functional>
 
 #include <ATen/core/Tensor.h>
@@ -22,5 +23,18 @@ namespace fsdpp::detail {
 // reads as a synchronous all_reduce's would.
 Work all_reduce_after(const Work& after, const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group,
                       std::function<void()> prepare = {});
+
+// all_gather_into_tensor(output, input, group, /*async_op=*/true), except that the comm thread
+// runs `prepare` right before the exchange: FSDP allocates `output`'s memory there, so a
+// prefetch's buffer does not exist while the collectives queued before it still hold theirs.
+// `output` only needs its sizes until then.
+Work all_gather_into_tensor_prepared(const at::Tensor& output, const at::Tensor& input, const ProcessGroup& group,
+                                     std::function<void()> prepare);
+
+// reduce_scatter_tensor(output, input, op, group, /*async_op=*/true), except that the comm thread
+// runs `done` as soon as the exchange no longer reads `input` (FSDP frees it there), before the
+// Work completes. `done` does not run if the exchange failed.
+Work reduce_scatter_tensor_then(const at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                                const ProcessGroup& group, std::function<void()> done);
 
 }  // namespace fsdpp::detail

@@ -430,8 +430,10 @@ Work broadcast(const at::Tensor& tensor, int src, const ProcessGroup& group, boo
                 });
 }
 
-Work all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input, const ProcessGroup& group,
-                            bool async_op) {
+namespace {
+
+Work all_gather_into_tensor_impl(const at::Tensor& output, const at::Tensor& input, const ProcessGroup& group,
+                                 bool async_op, std::function<void()> prepare) {
   const char* name = "all_gather_into_tensor";
   const auto& g = detail::member_group(group, name);
   require_tensor(output, name, "output");
@@ -448,11 +450,32 @@ Work all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input, c
   intent.fields[Intent::kOutput] = output.numel();
   const int64_t bytes = (g.size() - 1) * input.numel() * input.element_size();
   return submit(g, kAllGather, intent, bytes, "output " + shape_of(output) + ", input " + shape_of(input), async_op,
-                [&g, output, input] { run_all_gather(g, output, input); });
+                [&g, output, input, prepare = std::move(prepare)] {
+                  if (prepare) prepare();
+                  run_all_gather(g, output, input);
+                });
 }
 
-Work reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op, const ProcessGroup& group,
-                           bool async_op) {
+}  // namespace
+
+Work all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input, const ProcessGroup& group,
+                            bool async_op) {
+  return all_gather_into_tensor_impl(output, input, group, async_op, {});
+}
+
+namespace detail {
+
+Work all_gather_into_tensor_prepared(const at::Tensor& output, const at::Tensor& input, const ProcessGroup& group,
+                                     std::function<void()> prepare) {
+  return all_gather_into_tensor_impl(output, input, group, /*async_op=*/true, std::move(prepare));
+}
+
+}  // namespace detail
+
+namespace {
+
+Work reduce_scatter_tensor_impl(const at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                                const ProcessGroup& group, bool async_op, std::function<void()> done) {
   const char* name = "reduce_scatter_tensor";
   const auto& g = detail::member_group(group, name);
   require_tensor(output, name, "output");
@@ -472,8 +495,27 @@ Work reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, Re
   const int64_t bytes = (g.size() - 1) * output.numel() * output.element_size();
   return submit(g, kReduceScatter, intent, bytes,
                 "output " + shape_of(output) + ", input " + shape_of(input) + ", " + to_string(op), async_op,
-                [&g, output, input, op] { run_reduce_scatter(g, output, input, op); });
+                [&g, output, input, op, done = std::move(done)] {
+                  run_reduce_scatter(g, output, input, op);
+                  if (done) done();
+                });
 }
+
+}  // namespace
+
+Work reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op, const ProcessGroup& group,
+                           bool async_op) {
+  return reduce_scatter_tensor_impl(output, input, op, group, async_op, {});
+}
+
+namespace detail {
+
+Work reduce_scatter_tensor_then(const at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                                const ProcessGroup& group, std::function<void()> done) {
+  return reduce_scatter_tensor_impl(output, input, op, group, /*async_op=*/true, std::move(done));
+}
+
+}  // namespace detail
 
 Work all_to_all_single(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
                        const std::vector<int64_t>& input_split_sizes, const ProcessGroup& group, bool async_op) {

@@ -145,15 +145,23 @@ void FSDPParamGroup::handle_dtype_change() {
     if (g.defined()) g = g.to(reduce_options().dtype());
 }
 
-void FSDPParamGroup::allocate_unsharded() {
-  c10::StorageImpl* storage = unsharded_flat_.storage().unsafeGetStorageImpl();
-  const size_t nbytes = static_cast<size_t>(unsharded_flat_.numel()) * unsharded_flat_.element_size();
+namespace {
+// Gives a tensor whose storage was released (or never allocated) the memory its sizes need.
+void allocate_storage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
   if (storage->nbytes() == nbytes) return;
   storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
   storage->set_nbytes(nbytes);
 }
 
-namespace {
+// A tensor of `numel` elements without memory yet: allocate_storage gives it some.
+at::Tensor unallocated(int64_t numel, const at::TensorOptions& options) {
+  at::Tensor t = at::empty({0}, options);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
+  return t;
+}
+
 // Frees a tensor's memory now, even while other handles to its storage live on (the comm
 // thread keeps a finished collective's arguments until its next task).
 void release_storage(const at::Tensor& t) {
@@ -163,7 +171,17 @@ void release_storage(const at::Tensor& t) {
 }
 }  // namespace
 
+void FSDPParamGroup::allocate_unsharded() { allocate_storage(unsharded_flat_); }
+
 void FSDPParamGroup::free_unsharded() { release_storage(unsharded_flat_); }
+
+void FSDPParamGroup::start_all_gather(const at::Tensor& input, const ProcessGroup& group) {
+  // The output's memory is allocated on the comm thread when the exchange starts, so a prefetch
+  // queued behind a reduce-scatter does not coexist with that reduce-scatter's input.
+  all_gather_output_ = unallocated(flat_.unsharded_numel(), input.options());
+  all_gather_work_ = detail::all_gather_into_tensor_prepared(all_gather_output_, input, group,
+                                                             [output = all_gather_output_] { allocate_storage(output); });
+}
 
 void FSDPParamGroup::unshard(UnshardFor purpose) {
   if (unsharded_ || all_gather_output_.defined()) return;
@@ -173,9 +191,7 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
   if (purpose != UnshardFor::kBackward) drop_post_forward_shard();
   testing_delay(testing_delays().before_all_gather_ms);
   if (post_forward_shard_.defined()) {
-    all_gather_output_ = at::empty({flat_.unsharded_numel()}, post_forward_shard_.options());
-    all_gather_work_ = all_gather_into_tensor(all_gather_output_, post_forward_shard_, post_forward_group_,
-                                              /*async_op=*/true);
+    start_all_gather(post_forward_shard_, post_forward_group_);
     return;
   }
   // Optimizer steps write into the shards in place; a user's set_data is folded back here.
@@ -188,8 +204,7 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
   gathering_full_precision_ = purpose == UnshardFor::kFullPrecision && dtype != sharded_flat_.scalar_type();
   const at::Tensor input = gathering_full_precision_ ? sharded_flat_.to(compute_device_)
                                                      : sharded_flat_.to(compute_options(), /*non_blocking=*/sharded_flat_.is_pinned());
-  all_gather_output_ = at::empty({flat_.unsharded_numel()}, input.options());
-  all_gather_work_ = all_gather_into_tensor(all_gather_output_, input, process_group_, /*async_op=*/true);
+  start_all_gather(input, process_group_);
 }
 
 void FSDPParamGroup::drop_post_forward_shard() {
@@ -383,12 +398,18 @@ bool FSDPParamGroup::post_backward() {
     reshard();
     return false;
   }
-  reduce_scatter_input_ = reduce_scatter_input(params_, flat_, grads, reduce_options());
+  // The parameters go before the reduce-scatter input is allocated: packing needs only the
+  // gradients taken above, and the unit's gathered parameters, its gradients and the input
+  // would otherwise coexist.
   reshard();
+  reduce_scatter_input_ = reduce_scatter_input(params_, flat_, grads, reduce_options());
   reduce_scatter_output_ = at::empty({flat_.shard_numel()}, reduce_options());
   testing_delay(testing_delays().before_reduce_scatter_ms);
-  reduce_scatter_work_ = reduce_scatter_tensor(reduce_scatter_output_, reduce_scatter_input_, ReduceOp::AVG, process_group_,
-                                               /*async_op=*/true);
+  // The input is freed on the comm thread once the exchange is done with it, before the
+  // all-gathers queued behind it allocate their outputs.
+  reduce_scatter_work_ = detail::reduce_scatter_tensor_then(reduce_scatter_output_, reduce_scatter_input_, ReduceOp::AVG,
+                                                            process_group_,
+                                                            [input = reduce_scatter_input_] { release_storage(input); });
   if (replicate_group_.defined() && requires_all_reduce_) start_all_reduce();
   return true;
 }

@@ -136,6 +136,8 @@ class FSDPParamGroup {
   std::vector<ShardMetadata> flat_shards_metadata() const;
   void allocate_unsharded();
   void free_unsharded();
+  // Issues the gather of `input` over `group` into all_gather_output_, allocated when it starts.
+  void start_all_gather(const at::Tensor& input, const ProcessGroup& group);
   void drop_post_forward_shard();
 
   std::string unit_name_;

@@ -146,7 +146,12 @@ void FSDPState::pre_forward() {
   }
   training_state_ = TrainingState::kForward;
   if (context_ && context_->recording_order) append_once(context_->forward_order, this);
-  if (param_group_) param_group_->unshard();
+  // Waiting before prefetching (as FSDP2 does): the next unit's gather then starts once this
+  // unit's all-gather output is copied out and freed, so the two do not coexist.
+  if (param_group_) {
+    param_group_->unshard();
+    param_group_->wait_for_unshard();
+  }
   if (has_explicit_forward_prefetch_) {
     for (auto& w : explicit_forward_prefetch_)
       if (auto target = w.lock())
@@ -154,7 +159,6 @@ void FSDPState::pre_forward() {
   } else if (auto next = forward_prefetch_.lock()) {
     if (next->param_group_) next->param_group_->unshard();
   }
-  if (param_group_) param_group_->wait_for_unshard();
 }
 
 void FSDPState::post_forward() {
@@ -188,7 +192,10 @@ void FSDPState::pre_backward() {
   if (ran_pre_backward_) return;
   ran_pre_backward_ = true;
   training_state_ = TrainingState::kPreBackward;
-  if (param_group_) param_group_->unshard(UnshardFor::kBackward);
+  if (param_group_) {
+    param_group_->unshard(UnshardFor::kBackward);
+    param_group_->wait_for_unshard();
+  }
   if (has_explicit_backward_prefetch_) {
     for (auto& w : explicit_backward_prefetch_)
       if (auto target = w.lock())
@@ -196,7 +203,6 @@ void FSDPState::pre_backward() {
   } else if (auto previous = backward_prefetch_.lock()) {
     if (previous->param_group_ && !previous->ran_post_backward_) previous->param_group_->unshard(UnshardFor::kBackward);
   }
-  if (param_group_) param_group_->wait_for_unshard();
 }
 
 void FSDPState::post_backward_node_fired() {
@@ -208,13 +214,19 @@ void FSDPState::post_backward() {
   if (ran_post_backward_) return;
   ran_post_backward_ = true;
   training_state_ = TrainingState::kPostBackward;
-  if (param_group_) param_group_->post_backward();
   // Reduce-scatters that already finished free their buffers now rather than at the end of
-  // backward, so backward's memory does not grow with the number of units.
-  if (context_)
-    for (auto& w : context_->states)
-      if (auto s = w.lock())
-        if (s->param_group_ && s->param_group_->reduce_scatter_done()) s->param_group_->finalize_backward();
+  // backward, so backward's memory does not grow with the number of units: before this unit's
+  // reduce-scatter buffers are allocated, and again after.
+  finalize_finished_reduce_scatters();
+  if (param_group_) param_group_->post_backward();
+  finalize_finished_reduce_scatters();
+}
+
+void FSDPState::finalize_finished_reduce_scatters() {
+  if (!context_) return;
+  for (auto& w : context_->states)
+    if (auto s = w.lock())
+      if (s->param_group_ && s->param_group_->reduce_scatter_done()) s->param_group_->finalize_backward();
 }
 
 void FSDPState::queue_final_callback() {

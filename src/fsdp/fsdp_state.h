@@ -82,6 +82,8 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   void post_backward();
 
  private:
+  // Copies the finished reduce-scatters' outputs into `.grad` and frees them.
+  void finalize_finished_reduce_scatters();
   // Implicit prefetching: during the root's first forward the units record the order they
   // start and finish forward; afterwards each unit's pre-forward starts the next unit's
   // all-gather, and each unit's pre-backward the one that runs backward after it (the unit

@@ -838,6 +838,54 @@ TEST_P(FullyShardMemory, ReshardFreesUnshardedMemory) {
   });
 }
 
+// Issue 14: a step's peak above what is held between steps. Forward holds the computing unit
+// and the prefetched one (its all-gather output is allocated on the comm thread once the
+// computing unit's is copied out and freed); backward adds the computing unit's full gradients,
+// whose reduce-scatter input is freed on the comm thread before the next prefetch is allocated.
+TEST_P(FullyShardMemory, StepPeakIsBoundedByUnits) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    torch::manual_seed(3);
+    Sequential seq;
+    for (int i = 0; i < 4; ++i) {
+      seq->push_back(FSDPLinear(Linear(256, 256)));
+      seq->push_back(ReLU());
+    }
+    seq->push_back(Linear(256, 1));
+    FSDPSequential root(seq);
+    auto units = fsdp_units(*root);
+    ASSERT_EQ(units.size(), 5u);
+    const double u = static_cast<double>(units[1]->unsharded_padded_numel()) * 4;
+    const double root_bytes = static_cast<double>(units[0]->unsharded_padded_numel()) * 4;
+    torch::optim::SGD opt(root->parameters(), 0.1);
+    at::Tensor x = torch::randn({8, 256});
+    auto step = [&] {
+      opt.zero_grad();
+      root->forward(x).sum().backward();
+      opt.step();
+    };
+    step();  // the order is recorded, prefetching starts, the ring's scratch exists
+    // Zeroed, not dropped (libtorch 2.x's zero_grad drops them): the gradient shards are held
+    // state, and backward adds into them.
+    for (auto& p : root->parameters())
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    reset_peak_memory_stats();
+    const double held = static_cast<double>(memory_stats().current_bytes);
+    at::Tensor loss = root->forward(x).sum();
+    const double forward_peak = static_cast<double>(memory_stats().peak_bytes) - held;
+    const double act = static_cast<double>(memory_stats().current_bytes) - held - root_bytes;
+    loss.backward();
+    const double backward_peak = static_cast<double>(memory_stats().peak_bytes) - held;
+    // Beyond the units: up to two reduce-scatter outputs (U/N each: the unit's and the previous
+    // unit's, when its exchange is still running) and a few small tensors.
+    const double slack = 2 * u / ctx.world_size + 0.1 * u;
+    EXPECT_LE(forward_peak, act + root_bytes + 2 * u + slack)
+        << "forward peak " << forward_peak / u << " U, activations " << act / u << " U, root " << root_bytes / u << " U";
+    EXPECT_LE(backward_peak, act + root_bytes + 3 * u + slack)
+        << "backward peak " << backward_peak / u << " U, activations " << act / u << " U, root " << root_bytes / u << " U";
+    opt.step();
+  });
+}
+
 FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardMemory);
 
 // ---------------------------------------------------------------------------------------------
