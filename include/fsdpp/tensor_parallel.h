@@ -215,8 +215,8 @@ TensorParallel(std::shared_ptr<M>) -> TensorParallel<M>;
 
 // Applies `plan` to the submodules of `module` over the TP group (or a 1-D mesh). Every rank of
 // the group calls it with the same plan on the same full model. Checks the whole plan before it
-// changes anything: an FQN that names no submodule, a module that is not a Linear/Embedding, a
-// plain module its parent calls through a typed member, or one parallelized twice is an error
+// changes anything: an FQN that names no submodule, a module its style does not apply to (Colwise/
+// Rowwise: Linear or Embedding; SequenceParallel: LayerNorm), a plain module its parent calls through a typed member, or one parallelized twice is an error
 // naming the FQN.
 void parallelize_module(torch::nn::Module& module, const ProcessGroup& tp_group, const ParallelizePlan& plan);
 void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh, const ParallelizePlan& plan);

@@ -120,8 +120,7 @@ at::Tensor clip_grad_norm_(torch::nn::Module& module, double max_norm, double no
   // The group over which each partitioned gradient's parts lie: a unit's shard group; a
   // tensor-parallel Shard's TP group; both (2-D FSDP x TP): the group of the dp x tp mesh's ranks
   // (under HSDP, of one replica's shard x tp ranks, as 1-D HSDP sums over the shard group only).
-  // A TP Replicate gradient is the same on its TP
-  // ranks, as any replicated one.
+  // A TP Replicate gradient is the same on its TP ranks, as any replicated one.
   std::map<std::vector<int>, ProcessGroup> groups;                    // by global ranks: one order on every rank
   std::map<const c10::TensorImpl*, const std::vector<int>*> group_of;  // parameter -> its group's key
   std::map<const c10::TensorImpl*, ProcessGroup> tp_group_of;         // TP Shard parameters

@@ -162,8 +162,8 @@ at::Tensor unallocated(int64_t numel, const at::TensorOptions& options) {
   return t;
 }
 
-// Frees a tensor's memory now, even while other handles to its storage live on (the comm
-// thread keeps a finished collective's arguments until its next task).
+// Frees a tensor's memory now, even while other handles to its storage live on (a collective's
+// closure shares it, and a reduce-scatter's `done` hook frees its input while the closure runs).
 void release_storage(const at::Tensor& t) {
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
