@@ -39,7 +39,11 @@ std::shared_ptr<const FlattenedMesh> flattened_mesh(const ProcessGroup& outer, c
                   " (" + std::to_string(t) + " ranks) span no mesh: global rank " + std::to_string(sorted[k]) +
                   " is in the inner groups of two members of " + outer.name());
   // Every rank of the mesh gets here for the same grid (its outer group's all-gather gives it).
-  mesh->group = members_group(default_group(), sorted);
+  // A mesh of the whole default group is that group: no second set of connections and comm thread.
+  const ProcessGroup world = default_group();
+  std::vector<int> world_ranks = world.ranks();
+  std::sort(world_ranks.begin(), world_ranks.end());
+  mesh->group = sorted == world_ranks ? world : members_group(world, sorted);
   return o.flattened_meshes[inner.ranks()] = std::move(mesh);
 }
 

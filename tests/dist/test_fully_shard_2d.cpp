@@ -177,6 +177,7 @@ TEST(FullyShard2DStateDict, FullAndShardedStateDictsHoldGlobalValues) {
     const ShardedTensor& w = sharded.at("0.in_proj.weight").sharded_tensor();
     EXPECT_EQ(w.size(), (std::vector<int64_t>{51, 17}));
     EXPECT_EQ(w.process_group().size(), 4);
+    EXPECT_EQ(w.process_group().name(), default_group().name()) << "a mesh spanning the world is the default group";
     ASSERT_EQ(w.local_shards().size(), 1u);
     const int tp = mesh.get_local_rank("tp"), dp = mesh.get_local_rank("dp");
     const int64_t tp_rows = tp == 0 ? 26 : 25, dp_chunk = 13;
