@@ -238,6 +238,26 @@ void connect(detail::ProcessGroupImpl& g, bool local_only, std::chrono::millisec
   g.c10d_group = compat::as_process_group(g.backend, prefixed);
 }
 
+// A child of `parent` over the sorted global `ranks`, named `name`: connected, with its comm
+// thread, on its members (every member makes it alike); an empty handle of it elsewhere.
+ProcessGroup make_child(const detail::ProcessGroupImpl& parent, std::string name, std::vector<int> ranks) {
+  auto child = std::make_shared<detail::ProcessGroupImpl>();
+  child->name = std::move(name);
+  child->backend_name = parent.backend_name;
+  child->store = parent.store;
+  child->ranks = std::move(ranks);
+  child->global_rank = parent.global_rank;
+  child->timeout = parent.timeout;
+  child->check_collectives = parent.check_collectives;
+  auto me = std::find(child->ranks.begin(), child->ranks.end(), parent.global_rank);
+  if (me != child->ranks.end()) {
+    child->rank = static_cast<int>(me - child->ranks.begin());
+    connect(*child, /*local_only=*/false, child->timeout);
+    child->comm_thread = std::make_unique<detail::CommThread>();
+  }
+  return ProcessGroup(std::move(child));
+}
+
 }  // namespace
 
 namespace detail {
@@ -304,20 +324,9 @@ ProcessGroup members_group(const ProcessGroup& group, std::vector<int> ranks) {
   if (me == ranks.end())
     throw Error("members_group: global rank " + std::to_string(parent.global_rank) + " is not among " +
                 list_ranks(ranks) + ", whose members alone make their group");
-  auto child = std::make_shared<ProcessGroupImpl>();
   // Named after its ranks, not numbered as new_group's children: only its members make it, so
   // a counter would differ across the ranks of the parent.
-  child->name = parent.name + "/{" + label + "}";
-  child->backend_name = parent.backend_name;
-  child->store = parent.store;
-  child->ranks = ranks;
-  child->global_rank = parent.global_rank;
-  child->timeout = parent.timeout;
-  child->check_collectives = parent.check_collectives;
-  child->rank = static_cast<int>(me - ranks.begin());
-  connect(*child, /*local_only=*/false, child->timeout);
-  child->comm_thread = std::make_unique<CommThread>();
-  return parent.member_groups[ranks] = ProcessGroup(std::move(child));
+  return parent.member_groups[ranks] = make_child(parent, parent.name + "/{" + label + "}", ranks);
 }
 
 }  // namespace detail
@@ -367,21 +376,7 @@ ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
       throw Error("new_group: rank " + std::to_string(sorted[i]) + " is outside group " + parent.name + " " +
                   list_ranks(parent.ranks));
   }
-  auto child = std::make_shared<detail::ProcessGroupImpl>();
-  child->name = parent.name + "/" + std::to_string(parent.next_child++);
-  child->backend_name = parent.backend_name;
-  child->store = parent.store;
-  child->ranks = sorted;
-  child->global_rank = parent.global_rank;
-  child->timeout = parent.timeout;
-  child->check_collectives = parent.check_collectives;
-  auto me = std::find(sorted.begin(), sorted.end(), parent.global_rank);
-  if (me != sorted.end()) {
-    child->rank = static_cast<int>(me - sorted.begin());
-    connect(*child, /*local_only=*/false, child->timeout);
-    child->comm_thread = std::make_unique<detail::CommThread>();
-  }
-  return ProcessGroup(std::move(child));
+  return make_child(parent, parent.name + "/" + std::to_string(parent.next_child++), std::move(sorted));
 }
 
 ProcessGroup init_process_group(const InitProcessGroupOptions& options) {
