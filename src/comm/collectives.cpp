@@ -13,6 +13,7 @@
 #include "comm/error_message.h"
 #include "comm/hang_report.h"
 #include "comm/process_group_impl.h"
+#include "comm/shm_transport.h"
 #include "comm/wire_bytes.h"
 #include "profiler/timeline.h"
 
@@ -145,6 +146,7 @@ void reduce_chunks(const at::Tensor& parts, const at::Tensor& out, ReduceOp op, 
 // all_gather as N-1 concurrent point-to-point exchanges straight into output's chunks:
 // no staging copy, and each rank sends its input once to each peer, (N-1)/N of output.
 void run_all_gather(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input) {
+  if (auto* shm = detail::shm_transport(g)) return shm->all_gather(output, input);
   const int n = g.size(), r = g.rank;
   at::Tensor chunks = as_wire(output).view({n, -1});
   at::Tensor in = as_wire(input);
@@ -225,13 +227,45 @@ void all_to_all_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& outp
   reduce_chunks(received.view({n, -1}), output, op, n);
 }
 
+bool is_half(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+// Shared memory carries the bytes; the arithmetic is the Gloo paths', so that results do not
+// depend on the transport: the ring's order of sums (rank j's chunk is ((x[j+1] + x[j+2]) +
+// ...) + x[j], each x the chunk of the rank named), or for half precision the float32
+// reduction of all ranks' chunks at once. AVG's division is the caller's, except in half.
+detail::ShmTransport::Combine shm_combine(const ProcessGroupImpl& g, ReduceOp op, bool half) {
+  const int n = g.size(), r = g.rank;
+  return [n, r, op, half, staging = at::Tensor()](const std::vector<at::Tensor>& pieces,
+                                                  const at::Tensor& into) mutable {
+    at::Tensor target = into;  // the *_out functions take a non-const handle
+    if (half) {
+      if (!staging.defined() || staging.size(1) < target.numel()) staging = at::empty({n, target.numel()}, target.options());
+      at::Tensor parts = staging.narrow(1, 0, target.numel());
+      for (int q = 0; q < n; ++q) parts[q].copy_(pieces[q]);
+      return reduce_chunks(parts, target, op, n);
+    }
+    for (int step = 1; step < n; ++step) {
+      const at::Tensor& partial = step == 1 ? pieces[(r + 1) % n] : target;
+      const at::Tensor& own = pieces[(r + step + 1) % n];
+      if (op == ReduceOp::MIN) at::minimum_out(target, partial, own);
+      else if (op == ReduceOp::MAX) at::maximum_out(target, partial, own);
+      else at::add_out(target, partial, own);
+    }
+  };
+}
+
 void run_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   if (g.size() == 1) {
     output.reshape({-1}).copy_(input.reshape({-1}));
     return;
   }
-  const auto dtype = input.scalar_type();
-  if (dtype == at::kBFloat16 || dtype == at::kHalf) return all_to_all_reduce_scatter(g, output, input, op);
+  const bool half = is_half(input.scalar_type());
+  if (auto* shm = detail::shm_transport(g)) {
+    shm->reduce_scatter(output, input, shm_combine(g, op, half));
+    if (op == ReduceOp::AVG && !half) output.div_(g.size());
+    return;
+  }
+  if (half) return all_to_all_reduce_scatter(g, output, input, op);
   ring_reduce_scatter(g, output, input, op);
 }
 
@@ -383,6 +417,12 @@ Work all_reduce_impl(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& 
   auto run = [&g, tensor, op, native, prepare = std::move(prepare)] {
     if (prepare) prepare();
     if (g.size() == 1) return;
+    if (auto* shm = detail::shm_transport(g)) {
+      const bool half = is_half(tensor.scalar_type());
+      shm->all_reduce(tensor, shm_combine(g, op, half));
+      if (op == ReduceOp::AVG && !half) tensor.div_(g.size());
+      return;
+    }
     if (!native) return run_all_reduce_by_scatter_gather(g, tensor, op);
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions options;

@@ -19,6 +19,7 @@
 namespace fsdpp::detail {
 
 struct FlattenedMesh;
+class ShmTransport;
 
 struct ProcessGroupImpl {
   std::string name;                           // "world", "world/0", ...
@@ -46,6 +47,11 @@ struct ProcessGroupImpl {
     if (!scratch_bytes.defined() || scratch_bytes.numel() < bytes) scratch_bytes = at::empty({bytes}, at::kByte);
     return scratch_bytes.narrow(0, 0, bytes);
   }
+
+  // The same-host transport (shm_transport.h), decided at the group's first exchange that can
+  // use it; only the comm thread touches these.
+  mutable bool shm_decided = false;
+  mutable std::shared_ptr<ShmTransport> shm;
 
   // Subgroups made from this group, by k: they live and die with it.
   mutable std::mutex subgroups_mutex;
