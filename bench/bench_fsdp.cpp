@@ -25,32 +25,23 @@
 
 namespace {
 
+using fsdpp::bench::add_transformer_options;
 using fsdpp::bench::median_step;
 using fsdpp::bench::mib;
 using fsdpp::bench::minor_faults;
 using fsdpp::bench::state_bytes;
+using fsdpp::bench::TransformerBenchArgs;
 using fsdpp::examples::language_model_loss;
 using fsdpp::examples::Transformer;
-using fsdpp::examples::TransformerArgs;
 using fsdpp::examples::TransformerBlockImpl;
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"fsdpp FSDP: wire bytes, memory and step time on a transformer"};
-  TransformerArgs args;
-  args.n_layers = 4;
-  args.dim = 256;
-  args.vocab_size = 1024;
-  args.max_seq_len = 32;
-  args.n_heads = 4;
-  int64_t local_batch = 2;
-  int steps = 10, warmup = 3;
-  app.add_option("--layers", args.n_layers);
-  app.add_option("--dim", args.dim);
-  app.add_option("--vocab", args.vocab_size);
-  app.add_option("--local-batch", local_batch);
-  app.add_option("--steps", steps);
+  TransformerBenchArgs args;
+  add_transformer_options(app, args);
+  app.add_option("--vocab", args.model.vocab_size);
   double ddp_bucket_cap_mb = 25.0;
   app.add_option("--ddp-bucket-cap-mb", ddp_bucket_cap_mb, "DDP's bucket_cap_mb (PyTorch's default 25)");
   std::string trace_dir;
@@ -66,15 +57,16 @@ int main(int argc, char** argv) {
 
   auto world = fsdpp::init_process_group(fsdpp::InitProcessGroupOptions().check_collectives(false));
   const int rank = world.rank(), n = world.size();
-  const int64_t seq = args.max_seq_len;
+  const int64_t seq = args.model.max_seq_len;
   torch::manual_seed(rank);
-  at::Tensor tokens = torch::randint(args.vocab_size, {local_batch, seq}, torch::kLong);
-  at::Tensor targets = torch::randint(args.vocab_size, {local_batch, seq}, torch::kLong);
+  at::Tensor tokens = torch::randint(args.model.vocab_size, {args.local_batch, seq}, torch::kLong);
+  at::Tensor targets = torch::randint(args.model.vocab_size, {args.local_batch, seq}, torch::kLong);
 
   // FSDP: every block a unit, then the root.
   torch::manual_seed(0);
   auto model = fsdpp::fully_shard(
-      Transformer(args), fsdpp::FullyShardOptions().auto_wrap_policy(fsdpp::ModuleWrapPolicy<TransformerBlockImpl>()));
+      Transformer(args.model),
+      fsdpp::FullyShardOptions().auto_wrap_policy(fsdpp::ModuleWrapPolicy<TransformerBlockImpl>()));
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-4));
   auto fsdp_step = [&] {
     opt.zero_grad();
@@ -124,8 +116,8 @@ int main(int argc, char** argv) {
     wire = comm.bytes_sent("all_gather_into_tensor") + comm.bytes_sent("reduce_scatter_tensor");
   }
   long faults = minor_faults();
-  const double fsdp_time = median_step(fsdp_step, warmup, steps, &world);
-  const double fsdp_faults = double(minor_faults() - faults) / (warmup + steps);
+  const double fsdp_time = median_step(fsdp_step, args.warmup, args.steps, &world);
+  const double fsdp_faults = double(minor_faults() - faults) / (args.warmup + args.steps);
   if (!trace_dir.empty()) {
     std::filesystem::create_directories(trace_dir);
     fsdpp::profiler::start();
@@ -141,11 +133,11 @@ int main(int argc, char** argv) {
       unit->set_modules_to_forward_prefetch({});
       unit->set_modules_to_backward_prefetch({});
     }
-  const double no_prefetch_time = median_step(fsdp_step, warmup, steps, &world);
+  const double no_prefetch_time = median_step(fsdp_step, args.warmup, args.steps, &world);
 
   // DDP on the same slices.
   torch::manual_seed(0);
-  Transformer plain(args);
+  Transformer plain(args.model);
   fsdpp::DistributedDataParallel<fsdpp::examples::TransformerImpl> ddp(
       plain, fsdpp::DistributedDataParallelOptions().bucket_cap_mb(ddp_bucket_cap_mb));
   torch::optim::Adam ddp_opt(plain->parameters(), torch::optim::AdamOptions(1e-4));
@@ -163,14 +155,14 @@ int main(int argc, char** argv) {
   const double ddp_transient = fsdpp::memory_stats().peak_bytes - ddp_base;
   const double plain_state = state_bytes(plain->parameters());
   faults = minor_faults();
-  const double ddp_time = median_step(ddp_step, warmup, steps, &world);
-  const double ddp_faults = double(minor_faults() - faults) / (warmup + steps);
+  const double ddp_time = median_step(ddp_step, args.warmup, args.steps, &world);
+  const double ddp_faults = double(minor_faults() - faults) / (args.warmup + args.steps);
 
   // One process on the global batch (rank 0; the others wait).
   double single_time = 0;
   if (rank == 0) {
     torch::manual_seed(0);
-    Transformer single(args);
+    Transformer single(args.model);
     torch::optim::Adam single_opt(single->parameters(), torch::optim::AdamOptions(1e-4));
     at::Tensor all_tokens = tokens.repeat({n, 1}), all_targets = targets.repeat({n, 1});
     single_time = median_step(
@@ -179,14 +171,14 @@ int main(int argc, char** argv) {
           language_model_loss(single->forward(all_tokens), all_targets).backward();
           single_opt.step();
         },
-        warmup, steps, nullptr);
+        args.warmup, args.steps, nullptr);
   }
   fsdpp::barrier(world);
   if (rank == 0) {
     std::printf("transformer: %lld layers, dim %lld, vocab %lld, %.2f MiB of parameters; N = %d, local batch %lld x %lld\n",
-                static_cast<long long>(args.n_layers), static_cast<long long>(args.dim),
-                static_cast<long long>(args.vocab_size), mib(plain_state / 4), n, static_cast<long long>(local_batch),
-                static_cast<long long>(seq));
+                static_cast<long long>(args.model.n_layers), static_cast<long long>(args.model.dim),
+                static_cast<long long>(args.model.vocab_size), mib(plain_state / 4), n,
+                static_cast<long long>(args.local_batch), static_cast<long long>(seq));
     std::printf("wire bytes per step per rank: %.0f, bound %.0f (ratio %.4f)\n", wire, bound, wire / bound);
     std::printf("params+grads+Adam per rank: %.3f MiB vs %.3f MiB unsharded (%.3f; 1/N = %.3f)\n", mib(fsdp_state),
                 mib(plain_state), fsdp_state / plain_state, 1.0 / n);

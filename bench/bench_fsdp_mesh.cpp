@@ -35,14 +35,15 @@
 
 namespace {
 
+using fsdpp::bench::add_transformer_options;
 using fsdpp::bench::median_step;
 using fsdpp::bench::mib;
 using fsdpp::bench::state_bytes;
+using fsdpp::bench::TransformerBenchArgs;
 using fsdpp::examples::language_model_loss;
 using fsdpp::examples::TPTransformer;
 using fsdpp::examples::TPTransformerBlockImpl;
 using fsdpp::examples::Transformer;
-using fsdpp::examples::TransformerArgs;
 using fsdpp::examples::TransformerBlockImpl;
 
 // Bytes one rank sends in one training step, by collective kind.
@@ -153,21 +154,15 @@ double ratio(double measured, double bound) { return bound == 0 ? (measured == 0
 
 int main(int argc, char** argv) {
   CLI::App app{"fsdpp 1-D FSDP, HSDP 2 x 2 and FSDP x TP 2 x 2 on a transformer: wire bytes vs bound, memory, step time"};
-  TransformerArgs args;
-  args.n_layers = 2;
-  args.dim = 128;
-  args.vocab_size = 1024;
-  args.max_seq_len = 32;
-  args.n_heads = 4;
-  int64_t local_batch = 2;
-  int steps = 10, warmup = 3, rounds = 3;
-  app.add_option("--layers", args.n_layers);
-  app.add_option("--dim", args.dim);
-  app.add_option("--vocab", args.vocab_size);
-  app.add_option("--heads", args.n_heads, "attention heads (the tp ranks split them)");
-  app.add_option("--local-batch", local_batch, "sequences per rank of 1-D FSDP and HSDP (a dp rank of FSDP x TP: twice)");
-  app.add_option("--steps", steps);
-  app.add_option("--rounds", rounds, "timed rounds, each timing the three layouts in turn");
+  TransformerBenchArgs args;
+  args.model.n_layers = 2;
+  args.model.dim = 128;
+  add_transformer_options(app, args);
+  app.get_option("--local-batch")
+      ->description("sequences per rank of 1-D FSDP and HSDP (a dp rank of FSDP x TP: twice)");
+  app.add_option("--vocab", args.model.vocab_size);
+  app.add_option("--heads", args.model.n_heads, "attention heads (the tp ranks split them)");
+  app.add_option("--rounds", args.rounds, "timed rounds, each timing the three layouts in turn");
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(1);
 
@@ -178,16 +173,16 @@ int main(int argc, char** argv) {
     fsdpp::destroy_process_group();
     return 2;
   }
-  if (args.n_heads % 2 != 0 || args.dim % args.n_heads != 0) {
+  if (args.model.n_heads % 2 != 0 || args.model.dim % args.model.n_heads != 0) {
     if (rank == 0) std::fprintf(stderr, "bench_fsdp_mesh: --heads must be even (2 tp ranks) and divide --dim\n");
     fsdpp::destroy_process_group();
     return 2;
   }
-  const int64_t seq = args.max_seq_len;
+  const int64_t seq = args.model.max_seq_len;
   // The global batch, the same on every rank; each layout takes its rows of it.
   torch::manual_seed(1234);
-  const at::Tensor all_tokens = torch::randint(args.vocab_size, {n * local_batch, seq}, torch::kLong);
-  const at::Tensor all_targets = torch::randint(args.vocab_size, {n * local_batch, seq}, torch::kLong);
+  const at::Tensor all_tokens = torch::randint(args.model.vocab_size, {n * args.local_batch, seq}, torch::kLong);
+  const at::Tensor all_targets = torch::randint(args.model.vocab_size, {n * args.local_batch, seq}, torch::kLong);
   auto rows_of = [&](const at::Tensor& t, int part, int64_t rows) { return t.narrow(0, part * rows, rows).clone(); };
 
   const auto blocks = fsdpp::FullyShardOptions().auto_wrap_policy(fsdpp::ModuleWrapPolicy<TransformerBlockImpl>());
@@ -198,9 +193,9 @@ int main(int argc, char** argv) {
     l.replicate = replicate;
     l.shard = shard;
     torch::manual_seed(0);
-    auto model = fsdpp::fully_shard(Transformer(args), options);
-    const at::Tensor tokens = rows_of(all_tokens, rank, local_batch);
-    l.targets = rows_of(all_targets, rank, local_batch);
+    auto model = fsdpp::fully_shard(Transformer(args.model), options);
+    const at::Tensor tokens = rows_of(all_tokens, rank, args.local_batch);
+    l.targets = rows_of(all_targets, rank, args.local_batch);
     l.model = model.ptr();
     l.forward = [model, tokens]() mutable { return model->forward(tokens); };
   };
@@ -214,12 +209,12 @@ int main(int argc, char** argv) {
     auto mesh = fsdpp::init_device_mesh(world, {2, 2}, {"dp", "tp"});
     l.shard = mesh.size(0);
     torch::manual_seed(0);
-    TPTransformer tp_model(args);
-    fsdpp::parallelize_module(*tp_model, mesh["tp"], fsdpp::examples::tp_transformer_plan(args.n_layers));
+    TPTransformer tp_model(args.model);
+    fsdpp::parallelize_module(*tp_model, mesh["tp"], fsdpp::examples::tp_transformer_plan(args.model.n_layers));
     auto model = fsdpp::fully_shard(
         tp_model, fsdpp::FullyShardOptions().mesh(mesh["dp"]).auto_wrap_policy(
                       fsdpp::ModuleWrapPolicy<TPTransformerBlockImpl>()));
-    const int64_t dp_batch = n * local_batch / mesh.size(0);
+    const int64_t dp_batch = n * args.local_batch / mesh.size(0);
     const int dp_rank = mesh.get_local_rank("dp");
     const at::Tensor tokens = rows_of(all_tokens, dp_rank, dp_batch);
     l.targets = rows_of(all_targets, dp_rank, dp_batch);
@@ -228,7 +223,7 @@ int main(int argc, char** argv) {
   }
 
   torch::manual_seed(0);
-  const double plain_state = state_bytes(Transformer(args)->parameters());
+  const double plain_state = state_bytes(Transformer(args.model)->parameters());
   for (Layout& l : layouts) {
     l.opt = std::make_unique<torch::optim::Adam>(l.model->parameters(), torch::optim::AdamOptions(1e-4));
     // The first step's loss, averaged over the world: the global batch's loss in every layout
@@ -269,17 +264,17 @@ int main(int argc, char** argv) {
   at::Tensor gaps = at::tensor(gap_values, at::kDouble);
   fsdpp::all_reduce(gaps, fsdpp::ReduceOp::MAX, world);
   const auto* gap = gaps.data_ptr<double>();
-  for (int round = 0; round < rounds; ++round)
-    for (Layout& l : layouts) l.times.push_back(median_step([&l] { l.step(); }, warmup, steps, &world));
+  for (int round = 0; round < args.rounds; ++round)
+    for (Layout& l : layouts) l.times.push_back(median_step([&l] { l.step(); }, args.warmup, args.steps, &world));
 
   if (rank == 0) {
     std::printf("%s\n", fsdpp::bench::blas_description().c_str());
     std::printf("transformer: %lld layers, dim %lld, %lld heads, vocab %lld, seq %lld, %.3f MiB of parameters; N = %d; "
                 "global batch %lld (1-D, HSDP: %lld per rank; FSDP x TP: %lld per dp rank)\n",
-                static_cast<long long>(args.n_layers), static_cast<long long>(args.dim),
-                static_cast<long long>(args.n_heads), static_cast<long long>(args.vocab_size),
-                static_cast<long long>(seq), mib(plain_state / 4), n, static_cast<long long>(n * local_batch),
-                static_cast<long long>(local_batch), static_cast<long long>(n * local_batch / 2));
+                static_cast<long long>(args.model.n_layers), static_cast<long long>(args.model.dim),
+                static_cast<long long>(args.model.n_heads), static_cast<long long>(args.model.vocab_size),
+                static_cast<long long>(seq), mib(plain_state / 4), n, static_cast<long long>(n * args.local_batch),
+                static_cast<long long>(args.local_batch), static_cast<long long>(n * args.local_batch / 2));
     std::printf("wire bytes per step, rank 0 (MiB, measured / bound):\n");
     for (const Layout& l : layouts) {
       const Bytes &m = l.measured, &b = l.bound;
@@ -304,7 +299,7 @@ int main(int argc, char** argv) {
       std::printf("  %-16s held %.3f (%.3f of unsharded %.3f), peak above held %.3f (%.3fx 1-D), largest unit %.3f\n",
                   l.name.c_str(), mib(l.held), l.held / plain_state, mib(plain_state), mib(l.transient_peak),
                   l.transient_peak / layouts[0].transient_peak, mib(l.largest_unit));
-    std::printf("step time, median of %d steps per round (ms; ratio to 1-D FSDP in the same round):\n", steps);
+    std::printf("step time, median of %d steps per round (ms; ratio to 1-D FSDP in the same round):\n", args.steps);
     for (const Layout& l : layouts) {
       std::printf("  %-16s", l.name.c_str());
       for (size_t i = 0; i < l.times.size(); ++i)

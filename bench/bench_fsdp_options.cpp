@@ -24,10 +24,11 @@
 
 namespace {
 
+using fsdpp::bench::add_transformer_options;
 using fsdpp::bench::mib;
+using fsdpp::bench::TransformerBenchArgs;
 using fsdpp::examples::language_model_loss;
 using fsdpp::examples::Transformer;
-using fsdpp::examples::TransformerArgs;
 using fsdpp::examples::TransformerBlockImpl;
 
 
@@ -58,19 +59,9 @@ struct Result {
 
 int main(int argc, char** argv) {
   CLI::App app{"fsdpp FSDP options (mixed precision, activation checkpointing) vs float32 FSDP: wire bytes, memory, step time"};
-  TransformerArgs args;
-  args.n_layers = 4;
-  args.dim = 256;
-  args.vocab_size = 1024;
-  args.max_seq_len = 32;
-  args.n_heads = 4;
-  int64_t local_batch = 2;
-  int steps = 10, warmup = 3, rounds = 3;
-  app.add_option("--layers", args.n_layers);
-  app.add_option("--dim", args.dim);
-  app.add_option("--local-batch", local_batch);
-  app.add_option("--steps", steps);
-  app.add_option("--rounds", rounds);
+  TransformerBenchArgs args;
+  add_transformer_options(app, args);
+  app.add_option("--rounds", args.rounds);
   bool hsdp_only = false;
   app.add_flag("--hsdp-only", hsdp_only, "Only float32 FSDP and HSDP (N >= 4, even)");
   std::string trace_dir;
@@ -83,8 +74,8 @@ int main(int argc, char** argv) {
   auto world = fsdpp::init_process_group(fsdpp::InitProcessGroupOptions().check_collectives(false));
   const int rank = world.rank(), n = world.size();
   torch::manual_seed(rank);
-  at::Tensor tokens = torch::randint(args.vocab_size, {local_batch, args.max_seq_len}, torch::kLong);
-  at::Tensor targets = torch::randint(args.vocab_size, {local_batch, args.max_seq_len}, torch::kLong);
+  at::Tensor tokens = torch::randint(args.model.vocab_size, {args.local_batch, args.model.max_seq_len}, torch::kLong);
+  at::Tensor targets = torch::randint(args.model.vocab_size, {args.local_batch, args.model.max_seq_len}, torch::kLong);
 
   const auto blocks = fsdpp::FullyShardOptions().auto_wrap_policy(fsdpp::ModuleWrapPolicy<TransformerBlockImpl>());
   auto with_mp = [&](at::ScalarType reduce) {
@@ -103,10 +94,10 @@ int main(int argc, char** argv) {
                         fsdpp::FullyShardOptions(blocks).mesh(fsdpp::init_device_mesh(world, {n / 2, 2}))});
   if (hsdp_only) variants.erase(variants.begin() + 1, variants.begin() + 4);
   std::vector<Result> results(variants.size());
-  for (int round = 0; round < rounds; ++round)
+  for (int round = 0; round < args.rounds; ++round)
     for (size_t v = 0; v < variants.size(); ++v) {
       torch::manual_seed(0);
-      Transformer plain(args);
+      Transformer plain(args.model);
       if (variants[v].activation_checkpointing)
         fsdpp::apply_activation_checkpointing(*plain, fsdpp::ModuleWrapPolicy<TransformerBlockImpl>());
       auto model = fsdpp::fully_shard(plain, variants[v].options);
@@ -137,8 +128,8 @@ int main(int argc, char** argv) {
         r.reduce_scatter_bytes = comm.bytes_sent("reduce_scatter_tensor");
         r.all_reduce_bytes = comm.bytes_sent("all_reduce");
       }
-      r.times.push_back(fsdpp::bench::median_step(step, warmup, steps, &world));
-      if (!trace_dir.empty() && round == rounds - 1) {
+      r.times.push_back(fsdpp::bench::median_step(step, args.warmup, args.steps, &world));
+      if (!trace_dir.empty() && round == args.rounds - 1) {
         const std::string dir = trace_dir + "/" + slug(variants[v].name);
         std::filesystem::create_directories(dir);
         fsdpp::barrier(world);
@@ -153,8 +144,8 @@ int main(int argc, char** argv) {
     }
   if (rank == 0) {
     std::printf("transformer: %lld layers, dim %lld; N = %d, local batch %lld x %lld; %d rounds\n",
-                static_cast<long long>(args.n_layers), static_cast<long long>(args.dim), n,
-                static_cast<long long>(local_batch), static_cast<long long>(args.max_seq_len), rounds);
+                static_cast<long long>(args.model.n_layers), static_cast<long long>(args.model.dim), n,
+                static_cast<long long>(args.local_batch), static_cast<long long>(args.model.max_seq_len), args.rounds);
     const Result& base = results[0];
     for (size_t v = 0; v < variants.size(); ++v) {
       const Result& r = results[v];

@@ -28,10 +28,11 @@
 
 namespace {
 
+using fsdpp::bench::add_transformer_options;
 using fsdpp::bench::mib;
+using fsdpp::bench::TransformerBenchArgs;
 using fsdpp::examples::language_model_loss;
 using fsdpp::examples::Transformer;
-using fsdpp::examples::TransformerArgs;
 using fsdpp::examples::TransformerBlockImpl;
 
 double cpu_seconds(int who) {
@@ -52,38 +53,28 @@ enum class Kind { kFsdp, kFsdpNoReshard, kDdp, kLocal };
 
 int main(int argc, char** argv) {
   CLI::App app{"CPU time of a training step per rank: FSDP, FSDP without reshard, DDP, no communication"};
-  TransformerArgs args;
-  args.n_layers = 4;
-  args.dim = 256;
-  args.vocab_size = 1024;
-  args.max_seq_len = 32;
-  args.n_heads = 4;
-  int64_t local_batch = 2;
-  int steps = 10, warmup = 3, rounds = 3;
-  app.add_option("--layers", args.n_layers);
-  app.add_option("--dim", args.dim);
-  app.add_option("--local-batch", local_batch);
-  app.add_option("--steps", steps);
-  app.add_option("--rounds", rounds);
+  TransformerBenchArgs args;
+  add_transformer_options(app, args);
+  app.add_option("--rounds", args.rounds);
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(1);
 
   auto world = fsdpp::init_process_group(fsdpp::InitProcessGroupOptions().check_collectives(false));
   const int rank = world.rank(), n = world.size();
   torch::manual_seed(rank);
-  at::Tensor tokens = torch::randint(args.vocab_size, {local_batch, args.max_seq_len}, torch::kLong);
-  at::Tensor targets = torch::randint(args.vocab_size, {local_batch, args.max_seq_len}, torch::kLong);
+  at::Tensor tokens = torch::randint(args.model.vocab_size, {args.local_batch, args.model.max_seq_len}, torch::kLong);
+  at::Tensor targets = torch::randint(args.model.vocab_size, {args.local_batch, args.model.max_seq_len}, torch::kLong);
 
   const std::vector<std::pair<std::string, Kind>> variants{{"FSDP", Kind::kFsdp},
                                                            {"FSDP, no reshard after forward", Kind::kFsdpNoReshard},
                                                            {"DDP", Kind::kDdp},
                                                            {"no communication", Kind::kLocal}};
   std::vector<Result> results(variants.size());
-  for (int round = 0; round < rounds; ++round)
+  for (int round = 0; round < args.rounds; ++round)
     for (size_t v = 0; v < variants.size(); ++v) {
       const Kind kind = variants[v].second;
       torch::manual_seed(0);
-      Transformer plain(args);
+      Transformer plain(args.model);
       std::function<at::Tensor()> forward;
       std::vector<at::Tensor> params;
       fsdpp::FullyShardedDataParallel<fsdpp::examples::TransformerImpl> fsdp_model{nullptr};
@@ -120,10 +111,11 @@ int main(int argc, char** argv) {
       // The local variant times each rank alone (no barrier between its steps): ranks share
       // the cores as they do in the other variants.
       const double wall =
-          fsdpp::bench::median_step(step, warmup, steps, kind == Kind::kLocal ? nullptr : &world);
-      at::Tensor cpu = at::tensor(std::vector<double>{(cpu_seconds(RUSAGE_SELF) - process0) / (warmup + steps),
-                                                      (cpu_seconds(RUSAGE_THREAD) - training0) / (warmup + steps)},
-                                  at::kDouble);
+          fsdpp::bench::median_step(step, args.warmup, args.steps, kind == Kind::kLocal ? nullptr : &world);
+      at::Tensor cpu = at::tensor(
+          std::vector<double>{(cpu_seconds(RUSAGE_SELF) - process0) / (args.warmup + args.steps),
+                              (cpu_seconds(RUSAGE_THREAD) - training0) / (args.warmup + args.steps)},
+          at::kDouble);
       fsdpp::all_reduce(cpu, fsdpp::ReduceOp::SUM, world);
       at::Tensor slowest = at::tensor(std::vector<double>{wall}, at::kDouble);
       fsdpp::all_reduce(slowest, fsdpp::ReduceOp::MAX, world);
@@ -133,15 +125,15 @@ int main(int argc, char** argv) {
     }
   if (rank == 0) {
     std::printf("transformer: %lld layers, dim %lld; N = %d, local batch %lld x %lld; %d rounds; %s\n",
-                static_cast<long long>(args.n_layers), static_cast<long long>(args.dim), n,
-                static_cast<long long>(local_batch), static_cast<long long>(args.max_seq_len), rounds,
+                static_cast<long long>(args.model.n_layers), static_cast<long long>(args.model.dim), n,
+                static_cast<long long>(args.local_batch), static_cast<long long>(args.model.max_seq_len), args.rounds,
                 fsdpp::bench::blas_description().c_str());
     std::printf("CPU ms are per step, summed over the %d ranks; 'other threads' = comm threads and Gloo's\n", n);
     const Result& ddp = results[2];
     for (size_t v = 0; v < variants.size(); ++v) {
       const Result& r = results[v];
       std::printf("%-31s bytes sent %.3f MiB per rank\n", variants[v].first.c_str(), mib(r.bytes_sent));
-      for (int i = 0; i < rounds; ++i) {
+      for (int i = 0; i < args.rounds; ++i) {
         const double process = r.process_cpu[i], training = r.training_cpu[i];
         std::printf("  round %d: wall %.2f ms (%.3fx DDP); CPU %.2f ms (%.3fx DDP) = training threads %.2f + other "
                     "threads %.2f; CPU / wall %.2f cores\n",

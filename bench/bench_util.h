@@ -1,6 +1,8 @@
 #pragma once
-// What the FSDP benchmarks print besides step times (step_timer.h): sizes in MiB, the bytes a
-// training state takes, and which BLAS libtorch multiplies with.
+// What the FSDP benchmarks share besides step times (step_timer.h): the transformer and loop of
+// bench_fsdp, bench_fsdp_options, bench_fsdp_mesh and bench_step_cpu with their common
+// command-line options, sizes in MiB, the bytes a training state takes, and which BLAS libtorch
+// multiplies with.
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -9,8 +11,37 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <CLI/CLI.hpp>
+
+#include "transformer.h"
 
 namespace fsdpp::bench {
+
+// The transformer (4 layers, dim 256, vocab 1024, sequences of 32, 4 heads; bench_fsdp_mesh's:
+// 2 layers, dim 128), the sequences per rank and the timed loop (median_step's warmup and steps;
+// rounds where variants alternate).
+struct TransformerBenchArgs {
+  examples::TransformerArgs model = [] {
+    examples::TransformerArgs a;
+    a.n_layers = 4;
+    a.dim = 256;
+    a.vocab_size = 1024;
+    a.max_seq_len = 32;
+    a.n_heads = 4;
+    return a;
+  }();
+  int64_t local_batch = 2;
+  int steps = 10, warmup = 3, rounds = 3;
+};
+
+// The options all four take: --layers, --dim, --local-batch, --steps. Each adds the ones only
+// some take (--vocab, --heads, --rounds) itself.
+inline void add_transformer_options(CLI::App& app, TransformerBenchArgs& args) {
+  app.add_option("--layers", args.model.n_layers);
+  app.add_option("--dim", args.model.dim);
+  app.add_option("--local-batch", args.local_batch);
+  app.add_option("--steps", args.steps);
+}
 
 inline double mib(double bytes) { return bytes / (1 << 20); }
 

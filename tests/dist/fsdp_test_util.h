@@ -1,6 +1,7 @@
 #pragma once
 // What the FSDP tests share: the reference models, the shard arithmetic they check against,
-// and the train-parity loop against single-process training on the global batch.
+// the train-parity loop against single-process training on the global batch, and resuming a
+// model and its optimizer from a distributed checkpoint.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -11,8 +12,11 @@
 
 #include <torch/torch.h>
 
+#include <fsdpp/checkpoint.h>
 #include <fsdpp/collectives.h>
 #include <fsdpp/fully_shard.h>
+#include <fsdpp/optim_state_dict.h>
+#include <fsdpp/state_dict.h>
 #include <fsdpp/tensor_parallel.h>
 
 #include "dist/world_sizes.h"
@@ -243,6 +247,22 @@ inline std::vector<std::pair<FullyShardOptions, std::string>> reshard_after_forw
       {FullyShardOptions().reshard_after_forward(true), "raf T"}, {FullyShardOptions().reshard_after_forward(false), "raf F"}};
   if (world_size % 2 == 0) out.emplace_back(FullyShardOptions().reshard_after_forward(2), "raf 2");
   return out;
+}
+
+// Loads the SHARDED state dicts of `model` and `opt` (which may have no state yet) from the
+// checkpoint in `dir`, saved under "model." and "optim.", and sets them back; the plain entries of
+// `extra` (e.g. {{"step", 0}}) are loaded with them. Returns every entry loaded.
+inline checkpoint::State load_checkpoint(torch::nn::Module& model, torch::optim::Optimizer& opt, const std::string& dir,
+                                         checkpoint::State extra = {}) {
+  StateDict model_sd = get_model_state_dict(model);
+  OptimizerStateDict osd = checkpoint::optim_state_dict_to_load(checkpoint::read_metadata(dir), model_sd, "optim.");
+  checkpoint::State state = checkpoint::to_state(model_sd, "model.");
+  state.merge(checkpoint::to_state(osd, "optim."));
+  state.merge(extra);
+  checkpoint::load(state, dir);
+  set_model_state_dict(model, model_sd);
+  set_optimizer_state_dict(model, opt, osd);
+  return state;
 }
 
 // Shared by test_fully_shard.cpp (which instantiates it) and test_fully_shard_composable.cpp.

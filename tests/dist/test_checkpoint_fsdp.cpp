@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint_test_util.h"
+#include "dist/fsdp_test_util.h"
 #include "dist/world_sizes.h"
 #include "harness/multi_process.h"
 
@@ -27,8 +28,6 @@ namespace fsdpp {
 namespace {
 
 namespace ckpt = checkpoint;
-using testing::RankContext;
-using FSDPLinear = FullyShardedDataParallel<torch::nn::LinearImpl>;
 
 std::map<std::string, at::Tensor> full_values(FSDPLinear& model) {
   std::map<std::string, at::Tensor> out;
@@ -241,7 +240,6 @@ TEST(CheckpointFsdp2Ranks, DdpToFsdpAndBack) {
 
 // ---- resume from a checkpoint ----------------------------------------------------------------
 
-using FSDPSequential = FullyShardedDataParallel<torch::nn::SequentialImpl>;
 constexpr int64_t kBatch = 12;  // divisible by every world size
 
 // Linear(6, 10) as an inner unit, ReLU, Linear(10, 3) sharded by the root; or the plain model.
@@ -312,16 +310,8 @@ TEST_P(CheckpointResume, ModelOptimizerAndStep) {
     if (ctx.rank < m) {
       FSDPSequential model = fsdp_net(group_m);
       torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.5));
-      StateDict model_sd = get_model_state_dict(model);
-      OptimizerStateDict osd = ckpt::optim_state_dict_to_load(ckpt::read_metadata(dir), model_sd, "optim.");
-      ckpt::State state = ckpt::to_state(model_sd, "model.");
-      state.merge(ckpt::to_state(osd, "optim."));
-      state["step"] = int64_t{0};
-      ckpt::load(state, dir);
-      set_model_state_dict(model, model_sd);
-      set_optimizer_state_dict(model, opt, osd);
+      const int resumed_at = static_cast<int>(load_checkpoint(*model, opt, dir, {{"step", 0}}).at("step").to_int());
       EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 1e-2);
-      const int resumed_at = static_cast<int>(state["step"].to_int());
       ASSERT_EQ(resumed_at, 3);
       for (int step = resumed_at; step < 6; ++step) {
         const float loss = train_step(model, opt, step, ctx.rank, m);

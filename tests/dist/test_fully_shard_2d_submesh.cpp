@@ -47,16 +47,6 @@ void save(FSDPSequential& model, const torch::optim::Optimizer& opt, const std::
   ckpt::save(state, dir, ckpt::SaveOptions().process_group(group));
 }
 
-void load(FSDPSequential& model, torch::optim::Optimizer& opt, const std::string& dir) {
-  StateDict model_sd = get_model_state_dict(model);
-  OptimizerStateDict osd = ckpt::optim_state_dict_to_load(ckpt::read_metadata(dir), model_sd, "optim.");
-  ckpt::State state = ckpt::to_state(model_sd, "model.");
-  state.merge(ckpt::to_state(osd, "optim."));
-  ckpt::load(state, dir);
-  set_model_state_dict(model, model_sd);
-  set_optimizer_state_dict(*model, opt, osd);
-}
-
 void expect_equal_maps(const std::map<std::string, at::Tensor>& actual, const std::map<std::string, at::Tensor>& expected,
                        const std::string& what) {
   ASSERT_EQ(actual.size(), expected.size()) << what;
@@ -98,7 +88,7 @@ void check_resume(const DeviceMesh& dp_mesh, const DeviceMesh& tp_mesh, int part
   FSDPSequential resumed = make_2d(kDim, dp_mesh, tp_mesh, c);
   torch::optim::Adam resumed_opt(resumed->parameters(), 0.5);
   ASSERT_FALSE(global_params(*resumed).at("0.in_proj.weight").equal(saved_params.at("0.in_proj.weight"))) << label;
-  load(resumed, resumed_opt, dir);
+  load_checkpoint(*resumed, resumed_opt, dir);
   EXPECT_DOUBLE_EQ(resumed_opt.param_groups()[0].options().get_lr(), 1e-2) << label;
   expect_equal_maps(global_params(*resumed), saved_params, label + " params at the checkpoint");
   expect_equal_maps(full_optimizer_values(resumed, resumed_opt), saved_optim, label + " optimizer at the checkpoint");

@@ -120,15 +120,7 @@ void save(torch::nn::Module& model, const torch::optim::Optimizer& opt, const st
 
 // Loads model and optimizer (which may have no state yet) from `dir`; returns the saved step.
 int load(torch::nn::Module& model, torch::optim::Optimizer& opt, const std::string& dir) {
-  StateDict model_sd = get_model_state_dict(model);
-  OptimizerStateDict osd = ckpt::optim_state_dict_to_load(ckpt::read_metadata(dir), model_sd, "optim.");
-  ckpt::State state = ckpt::to_state(model_sd, "model.");
-  state.merge(ckpt::to_state(osd, "optim."));
-  state["step"] = int64_t{0};
-  ckpt::load(state, dir);
-  set_model_state_dict(model, model_sd);
-  set_optimizer_state_dict(model, opt, osd);
-  return static_cast<int>(state["step"].to_int());
+  return static_cast<int>(load_checkpoint(model, opt, dir, {{"step", 0}}).at("step").to_int());
 }
 
 void expect_equal_maps(const std::map<std::string, at::Tensor>& actual, const std::map<std::string, at::Tensor>& expected,
