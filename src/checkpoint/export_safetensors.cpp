@@ -47,11 +47,6 @@ namespace {
 
 constexpr const char* kApi = "export_safetensors";
 
-std::string without_fsdpp_prefix(std::string s) {
-  if (s.rfind("fsdpp: ", 0) == 0) s = s.substr(7);
-  return s;
-}
-
 // The global ranks of the group a ShardedTensor is sharded over (an empty group: the default
 // group, or this process alone).
 std::vector<int> ranks_of(const ProcessGroup& g) {
@@ -142,7 +137,7 @@ struct Writer {
     try {
       out.write_all(data, bytes, what);
     } catch (const std::exception& e) {
-      error = without_fsdpp_prefix(e.what());
+      error = without_prefix(e.what());
     }
   }
   void write(const at::Tensor& t, const std::string& what) {
@@ -265,7 +260,7 @@ void export_state_dict(const StateDict& sd, const std::string& file, const std::
     } catch (const std::exception& e) {
       if (writer) std::remove(writer->tmp.c_str());
       writer.reset();
-      plan_text = json({{"error", without_fsdpp_prefix(e.what())}}).dump();
+      plan_text = json({{"error", without_prefix(e.what())}}).dump();
     }
   }
   comm.broadcast(plan_text);
@@ -278,7 +273,7 @@ void export_state_dict(const StateDict& sd, const std::string& file, const std::
   try {
     mine = check_against_plan(sd, plan, rank);
   } catch (const std::exception& e) {
-    mine = without_fsdpp_prefix(e.what());
+    mine = without_prefix(e.what());
   }
   std::string errors;
   const auto all = comm.all_gather(mine);
@@ -311,7 +306,7 @@ void export_state_dict(const StateDict& sd, const std::string& file, const std::
         const std::string parent = std::filesystem::path(file).parent_path().string();
         fsync_dir(parent.empty() ? "." : parent);
       } catch (const std::exception& e) {
-        writer->error = without_fsdpp_prefix(e.what());
+        writer->error = without_prefix(e.what());
       }
     }
     if (!writer->error.empty()) {

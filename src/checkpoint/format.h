@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include "common/error_text.h"
 #include "common/shape_string.h"
 
 namespace fsdpp::checkpoint::detail {
@@ -25,6 +26,7 @@ at::ScalarType dtype_from_name(const std::string& name, const std::string& conte
 int64_t element_size(const std::string& dtype_name);
 
 using fsdpp::detail::shape_string;
+using fsdpp::detail::without_prefix;
 // For sizes already checked (see checked_numel); wraps on overflow.
 int64_t numel(const std::vector<int64_t>& sizes);
 // Overflow-checked arithmetic for sizes read from disk: false when a size is negative or the

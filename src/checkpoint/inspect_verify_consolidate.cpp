@@ -73,7 +73,7 @@ std::vector<std::string> verify(const std::string& dir) {
                            (f.size() < m.file_sizes.at(name) ? " (truncated)" : ""));
       headers[name] = read_safetensors_header(f);
     } catch (const Error& e) {
-      problems.push_back(std::string(e.what()).substr(7));
+      problems.push_back(without_prefix(e.what()));
     }
   }
   for (const auto& [key, e] : m.entries) {
@@ -97,7 +97,7 @@ std::vector<std::string> verify(const std::string& dir) {
       try {
         ChunkReader(dir, /*verify=*/true, /*confine=*/true).read(key, one, Box{c.offsets, c.sizes});
       } catch (const Error& err) {
-        problems.push_back(std::string(err.what()).substr(7));
+        problems.push_back(without_prefix(err.what()));
       }
     }
   }

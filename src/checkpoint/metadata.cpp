@@ -177,10 +177,8 @@ Metadata metadata_from_json(const std::string& text, const std::string& where) {
     }
     return m;
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (what.rfind("fsdpp: ", 0) == 0) what = what.substr(7);
     throw Error(where + " is not valid checkpoint metadata" + (key.empty() ? "" : " (entry '" + key + "')") + ": " +
-                what);
+                without_prefix(e.what()));
   }
 }
 

@@ -90,9 +90,7 @@ SafetensorsHeader read_safetensors_header(const File& file) {
       rec.shape = int64_list(it->at("shape"), "shape");
       offsets = int64_list(it->at("data_offsets"), "data_offsets");
     } catch (const std::exception& e) {
-      std::string why = e.what();
-      if (why.rfind("fsdpp: ", 0) == 0) why = why.substr(7);
-      throw Error(what + " has a malformed header entry: " + why);
+      throw Error(what + " has a malformed header entry: " + without_prefix(e.what()));
     }
     dtype_from_name(rec.dtype, what);
     if (offsets.size() != 2) throw Error(what + ": data_offsets must have two numbers");

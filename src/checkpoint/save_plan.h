@@ -14,11 +14,6 @@
 
 namespace fsdpp::checkpoint::detail {
 
-// An Error's message without its "fsdpp: ", to be wrapped in another Error.
-inline std::string without_prefix(const std::string& what) {
-  return what.rfind("fsdpp: ", 0) == 0 ? what.substr(7) : what;
-}
-
 // One piece this rank saves: a whole tensor (offsets 0) or a shard.
 struct Item {
   std::string key, dtype;

@@ -29,6 +29,7 @@
 #include <fsdpp/tensor_parallel.h>
 
 #include "comm/flattened_mesh.h"
+#include "common/error_text.h"
 #include "common/shape_string.h"
 
 namespace fsdpp {
@@ -145,7 +146,7 @@ at::Tensor clip_grad_norm_(torch::nn::Module& module, double max_norm, double no
       } catch (const Error& e) {
         throw Error("clip_grad_norm_: a 2-D parameter (" + detail::shape_string(sp.layout.global_shape()) +
                     " TP part) is sharded over " + group.name() + " and " + tp->second.name() + ": " +
-                    std::string(e.what()).substr(std::string("fsdpp: ").size()));
+                    detail::without_prefix(e.what()));
       }
       join(sp.param, mesh->group);
       tp_group_of.erase(tp);

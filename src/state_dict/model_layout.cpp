@@ -9,6 +9,7 @@
 #include <fsdpp/tensor_parallel.h>
 
 #include "comm/flattened_mesh.h"
+#include "common/error_text.h"
 
 namespace fsdpp::detail {
 namespace {
@@ -86,7 +87,7 @@ void set_layouts(ModelLayout& layout) {
         mesh = flattened_mesh(dp, tp);
       } catch (const Error& err) {
         throw Error("'" + e.key + "' is 2-D (FSDP over " + dp.name() + " of a TP part over " + tp.name() +
-                    "): " + std::string(err.what()).substr(std::string("fsdpp: ").size()));
+                    "): " + without_prefix(err.what()));
       }
       e.layout = two_d_layout(e, *mesh);
     } else if (e.sharded) {

@@ -15,6 +15,20 @@ namespace fsdpp {
 
 using detail::TPGrad;
 
+namespace {
+
+// ColwiseParallel's local output, Shard(-1) of `features`, in its output_layouts. PyTorch
+// redistributes to any Shard(d); a leading d would be an all-to-all, which fsdpp does not have.
+at::Tensor colwise_output(const at::Tensor& y, const TPLayout& out, int64_t features, const ProcessGroup& group,
+                          const std::string& who) {
+  if (out.is_replicate()) return detail::tp_gather(y, -1, features, TPGrad::Replicated, group, who);
+  if (detail::tp_normalize_dim(out.dim(), y.dim(), who) != y.dim() - 1)
+    throw Error(who + ": the output is sharded along its last dim (the features) or replicated");
+  return y;
+}
+
+}  // namespace
+
 at::Tensor TensorParallelModule::linear_forward(const at::Tensor& input) {
   const at::Tensor& w = linear_->weight;
   const at::Tensor& b = linear_->bias;
@@ -30,13 +44,7 @@ at::Tensor TensorParallelModule::linear_forward(const at::Tensor& input) {
       const int64_t extent = d == input.dim() - 1 ? linear_->options.in_features() : -1;
       x = detail::tp_gather(input, d, extent, TPGrad::Partial, group_, who());
     }
-    at::Tensor y = at::linear(x, w, b);
-    if (col->output_layouts_.is_shard() &&
-        detail::tp_normalize_dim(col->output_layouts_.dim(), y.dim(), who()) != y.dim() - 1)
-      throw Error(who() + ": the output is sharded along its last dim (the out features) or replicated");
-    if (col->output_layouts_.is_replicate())
-      y = detail::tp_gather(y, -1, linear_->options.out_features(), TPGrad::Replicated, group_, who());
-    return y;
+    return colwise_output(at::linear(x, w, b), col->output_layouts_, linear_->options.out_features(), group_, who());
   }
   const auto& row = std::get<RowwiseParallel>(*style_);
   if (input.dim() == 0) throw Error(who() + ": a 0-dim input has no features");
@@ -68,10 +76,8 @@ at::Tensor TensorParallelModule::embedding_forward(const at::Tensor& ids) {
   const auto& o = embedding_->options;
   const int64_t padding_idx = o.padding_idx() ? *o.padding_idx() : -1;
   if (const auto* col = std::get_if<ColwiseParallel>(&*style_)) {
-    at::Tensor y = at::embedding(w, ids, padding_idx, o.scale_grad_by_freq(), false);
-    if (col->output_layouts_.is_replicate())
-      y = detail::tp_gather(y, -1, o.embedding_dim(), TPGrad::Replicated, group_, who());
-    return y;
+    return colwise_output(at::embedding(w, ids, padding_idx, o.scale_grad_by_freq(), false), col->output_layouts_,
+                          o.embedding_dim(), group_, who());
   }
   // Row-wise: each rank looks up the ids among its rows and gives zeros for the others; the sum
   // over ranks is the full lookup.

@@ -109,14 +109,15 @@ inline void expect_same(const at::Tensor& actual, const at::Tensor& expected, do
 }
 
 // Every global parameter of the 2-D model against the plain reference's.
-inline void expect_global_params_close(torch::nn::Module& model, torch::nn::Module& ref, const std::string& label) {
+inline void expect_global_params_close(torch::nn::Module& model, torch::nn::Module& ref, const std::string& label,
+                                       double atol = kParamAtol) {
   const auto global = global_params(model);
   const auto ref_named = ref.named_parameters();
   ASSERT_EQ(global.size(), ref_named.size()) << label;
   for (const auto& item : ref_named) {
     auto it = global.find(item.key());
     ASSERT_TRUE(it != global.end()) << label << ": no parameter " << item.key();
-    expect_same(it->second, item.value().detach(), kParamRtol, kParamAtol, label + " param " + item.key());
+    expect_same(it->second, item.value().detach(), kParamRtol, atol, label + " param " + item.key());
   }
 }
 

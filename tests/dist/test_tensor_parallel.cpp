@@ -227,6 +227,25 @@ TEST(TensorParallel, MisuseIsAnErrorNamingTheModuleAndLeavesTheModelAsItWas) {
   });
 }
 
+// PyTorch's ColwiseParallel redistributes its Shard(-1) output to any output_layouts; Shard of a
+// leading dim (an all-to-all) is refused, for an Embedding as for a Linear, not ignored.
+TEST(TensorParallel, ColwiseOutputShardedAlongALeadingDimIsAnErrorNamingTheModule) {
+  run_ranks(2, [](RankContext& ctx) {
+    Sequential seq(Linear(4, 6), Embedding(5, 6));
+    const ColwiseParallel style = ColwiseParallel().output_layouts(TPLayout::shard(0));
+    parallelize_module(*seq, ctx.world, {{"0", style}, {"1", style}});
+    const std::string refused =
+        " (ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))): the output is sharded along its "
+        "last dim (the features) or replicated";
+    EXPECT_NE(error_of([&] { seq[0]->as<TensorParallelModule>()->forward(torch::randn({3, 4})); })
+                  .find("TensorParallel '0'" + refused),
+              std::string::npos);
+    EXPECT_NE(error_of([&] { seq[1]->as<TensorParallelModule>()->forward(torch::tensor({1, 4, 2})); })
+                  .find("TensorParallel '1'" + refused),
+              std::string::npos);
+  });
+}
+
 // Sequence parallelism in a Sequential (its LayerNorm wrapped in place): a row-wise Linear
 // reduce-scatters along the sequence (its bias's gradient all-reduced), the norm runs on its rows,
 // a column-wise Linear all-gathers them; and a row-wise Embedding scattering along the sequence.
