@@ -127,12 +127,13 @@ void wait_all(const ProcessGroupImpl& g, std::vector<c10::intrusive_ptr<c10d::Wo
   for (auto& w : works) w->wait(g.timeout);
 }
 
+bool is_half(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
 // Sums (or min/max) the group's chunks, laid out [size, chunk] in `parts`, into `out`.
 // Half precision sums in float32 so that a bf16 reduction loses no more than its storage.
 void reduce_chunks(const at::Tensor& parts, const at::Tensor& out, ReduceOp op, int size) {
   at::Tensor flat_out = out.reshape({-1});
-  const bool low_precision = parts.scalar_type() == at::kBFloat16 || parts.scalar_type() == at::kHalf;
-  at::Tensor p = low_precision ? parts.to(at::kFloat) : parts;
+  at::Tensor p = is_half(parts.scalar_type()) ? parts.to(at::kFloat) : parts;
   at::Tensor reduced;
   switch (op) {
     case ReduceOp::SUM: reduced = p.sum(0); break;
@@ -226,8 +227,6 @@ void all_to_all_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& outp
   g.backend->alltoall_base(recv_wire, send_wire, equal, equal)->wait(g.timeout);
   reduce_chunks(received.view({n, -1}), output, op, n);
 }
-
-bool is_half(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
 
 // Shared memory carries the bytes; the arithmetic is the Gloo paths', so that results do not
 // depend on the transport: the ring's order of sums (rank j's chunk is ((x[j+1] + x[j+2]) +

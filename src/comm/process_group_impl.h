@@ -37,10 +37,6 @@ struct ProcessGroupImpl {
   // Set by the first collective of this group that fails: only that one asks the store who
   // was missing; the rest of a broken group's queue fails at once.
   mutable std::atomic<bool> failed{false};
-  // Runs this group's collectives in issue order, so the order is the same on every rank
-  // whether a collective is synchronous or not. Null when not a member.
-  std::unique_ptr<CommThread> comm_thread;
-
   // Reusable bytes for collectives that need temporaries; only the comm thread touches it.
   mutable at::Tensor scratch_bytes;
   at::Tensor scratch(int64_t bytes) const {
@@ -49,9 +45,13 @@ struct ProcessGroupImpl {
   }
 
   // The same-host transport (shm_transport.h), decided at the group's first exchange that can
-  // use it; only the comm thread touches these.
+  // use it; only the comm thread touches these. This and the scratch are declared before
+  // comm_thread, so they outlive the collectives that thread still runs at destruction.
   mutable bool shm_decided = false;
   mutable std::shared_ptr<ShmTransport> shm;
+  // Runs this group's collectives in issue order, so the order is the same on every rank
+  // whether a collective is synchronous or not. Null when not a member.
+  std::unique_ptr<CommThread> comm_thread;
 
   // Subgroups made from this group, by k: they live and die with it.
   mutable std::mutex subgroups_mutex;

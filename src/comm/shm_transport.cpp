@@ -210,9 +210,10 @@ void ShmTransport::wait_for(int q, const std::function<bool()>& ready, const cha
     control_[q].sleepers.fetch_add(1);
     futex_wait(&control_[q].bell, bell, 20'000'000);
     control_[q].sleepers.fetch_sub(1);
-    // Only q's exit matters (others may have finished their part and left); a member that
+    // Only q's exit matters (others may have finished their part and left), and only if it
+    // exited before doing what we wait for (its bytes stay mapped after it exits); a member that
     // failed ends the collective for everyone.
-    if (!alive(control_[q].pid.load()))
+    if (!alive(control_[q].pid.load()) && !ready())
       throw std::runtime_error("rank " + std::to_string(global_ranks_[q]) + " (pid " +
                                std::to_string(control_[q].pid.load()) + ") exited during a shared-memory exchange");
     for (int p = 0; p < size_; ++p)
