@@ -260,8 +260,15 @@ void run_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, con
   }
   const bool half = is_half(input.scalar_type());
   if (auto* shm = detail::shm_transport(g)) {
-    shm->reduce_scatter(output, input, shm_combine(g, op, half));
-    if (op == ReduceOp::AVG && !half) output.div_(g.size());
+    // The ring's order writes this rank's chunk before it reads it last: an output inside
+    // the input (in place) gets its sums elsewhere first.
+    const auto* in = static_cast<const char*>(input.data_ptr());
+    const auto* out = static_cast<const char*>(output.data_ptr());
+    const bool overlaps = out < in + input.nbytes() && in < out + output.nbytes();
+    at::Tensor target = overlaps ? at::empty_like(output) : output;
+    shm->reduce_scatter(target, input, shm_combine(g, op, half));
+    if (op == ReduceOp::AVG && !half) target.div_(g.size());
+    if (overlaps) output.copy_(target);
     return;
   }
   if (half) return all_to_all_reduce_scatter(g, output, input, op);

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
+#include <thread>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -98,8 +99,15 @@ bool enabled() {
   return !setting || std::string(setting) != "0";
 }
 
+// Polled, never store.wait(): a TCPStore wait that times out leaves its answer unread on the
+// connection, which the hang report then uses.
 std::string get_string(c10d::Store& store, const std::string& key, std::chrono::milliseconds timeout) {
-  store.wait({key}, timeout);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int ms = 1; !store.check({key}); ms = std::min(ms * 2, 50)) {
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw std::runtime_error("setting up the shared-memory transport timed out waiting for " + key);
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
   const std::vector<uint8_t> v = store.get(key);
   return std::string(v.begin(), v.end());
 }
@@ -127,15 +135,20 @@ std::shared_ptr<ShmTransport> make_transport(const ProcessGroupImpl& g) {
   const int64_t bytes = segment_bytes_for(n);
   std::string name;
   void* segment = nullptr;
+  // Rank 0 unlinks the name when it leaves, whether all mapped it or the handshake failed.
+  struct Unlink {
+    std::string name;
+    ~Unlink() { if (!name.empty()) shm_unlink(name.c_str()); }
+  } unlink_on_exit;
   if (g.rank == 0) {
     static std::atomic<int> made{0};
     name = "/fsdpp-" + std::to_string(getpid()) + "-" + std::to_string(made++);
     const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd >= 0) {
+      unlink_on_exit.name = name;
       // Reserved now: a full /dev/shm must fail here, not as SIGBUS on first touch.
       if (posix_fallocate(fd, 0, bytes) == 0) segment = map_segment(fd, bytes);
       close(fd);
-      if (!segment) shm_unlink(name.c_str());
     }
     set_string(*store, "name", segment ? name : "");
   } else {
@@ -152,7 +165,6 @@ std::shared_ptr<ShmTransport> make_transport(const ProcessGroupImpl& g) {
   if (g.rank == 0) {
     bool all = segment != nullptr;
     for (int q = 1; q < n; ++q) all = get_string(*store, "mapped/" + std::to_string(q), g.timeout) == "1" && all;
-    if (segment) shm_unlink(name.c_str());
     set_string(*store, "ready", all ? "1" : "0");
   }
   const bool ready = get_string(*store, "ready", g.timeout) == "1";
@@ -160,6 +172,8 @@ std::shared_ptr<ShmTransport> make_transport(const ProcessGroupImpl& g) {
     if (segment) munmap(segment, static_cast<size_t>(bytes));
     return nullptr;
   }
+  // Only keys left by an earlier handshake under this group's name could say so.
+  if (!segment) throw std::runtime_error("the shared-memory handshake of group " + g.name + " read stale store keys");
   return std::make_shared<ShmTransport>(segment, bytes, g.rank, n, g.ranks, g.timeout);
 }
 
@@ -196,6 +210,17 @@ void ShmTransport::mark_broken() {
   ring(rank_);
 }
 
+// A failed exchange leaves the members at different rounds, so no later one may run: it could
+// read a buffer of the wrong round.
+void ShmTransport::require_unbroken() const {
+  if (control_[rank_].broken.load())
+    throw std::runtime_error("shared-memory exchange closed: an earlier collective of this group failed here");
+  for (int p = 0; p < size_; ++p)
+    if (control_[p].broken.load())
+      throw std::runtime_error("shared-memory exchange closed by peer: rank " + std::to_string(global_ranks_[p]) +
+                               " failed in a collective of this group");
+}
+
 // Spins briefly (a peer is often a few microseconds away), then sleeps on q's bell; every
 // 20 ms asleep it checks that q still runs and no member failed.
 void ShmTransport::wait_for(int q, const std::function<bool()>& ready, const char* what) {
@@ -216,10 +241,7 @@ void ShmTransport::wait_for(int q, const std::function<bool()>& ready, const cha
     if (!alive(control_[q].pid.load()) && !ready())
       throw std::runtime_error("rank " + std::to_string(global_ranks_[q]) + " (pid " +
                                std::to_string(control_[q].pid.load()) + ") exited during a shared-memory exchange");
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_ && control_[p].broken.load())
-        throw std::runtime_error("shared-memory exchange closed by peer: rank " + std::to_string(global_ranks_[p]) +
-                                 " failed in this collective");
+    require_unbroken();
     if (std::chrono::steady_clock::now() >= deadline)
       throw std::runtime_error("shared-memory exchange timed out after " + std::to_string(timeout_.count()) +
                                " ms waiting for rank " + std::to_string(global_ranks_[q]) + " to " + what);
@@ -228,6 +250,7 @@ void ShmTransport::wait_for(int q, const std::function<bool()>& ready, const cha
 
 void ShmTransport::round(const std::function<void(uint8_t*)>& write,
                          const std::function<void(const std::vector<const uint8_t*>&)>& read) {
+  require_unbroken();
   const uint64_t t = ++rounds_;
   // This buffer last carried round t - 2: every peer must have read it.
   for (int q = 0; q < size_; ++q)
@@ -249,7 +272,7 @@ void ShmTransport::all_gather(const at::Tensor& output, const at::Tensor& input)
   auto* out = static_cast<uint8_t*>(output.data_ptr());
   const auto* in = static_cast<const uint8_t*>(input.data_ptr());
   const int64_t bytes = input.numel() * input.element_size();
-  std::memcpy(out + rank_ * bytes, in, static_cast<size_t>(bytes));
+  if (out + rank_ * bytes != in) std::memcpy(out + rank_ * bytes, in, static_cast<size_t>(bytes));  // in place
   try {
     for (int64_t offset = 0; offset < bytes; offset += buffer_bytes_) {
       const auto len = static_cast<size_t>(std::min(buffer_bytes_, bytes - offset));
@@ -339,8 +362,8 @@ void ShmTransport::all_reduce(const at::Tensor& tensor, const Combine& combine) 
 
 ShmTransport* shm_transport(const ProcessGroupImpl& g) {
   if (!g.shm_decided) {
-    g.shm = g.size() > 1 ? make_transport(g) : nullptr;
-    g.shm_decided = true;
+    g.shm_decided = true;  // once: a handshake that throws fails its collective, not a retry
+    if (g.size() > 1) g.shm = make_transport(g);
   }
   return g.shm.get();
 }

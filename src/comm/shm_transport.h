@@ -49,6 +49,7 @@ class ShmTransport {
   // (buffers[rank] is this rank's own).
   void round(const std::function<void(uint8_t*)>& write, const std::function<void(const std::vector<const uint8_t*>&)>& read);
   void wait_for(int q, const std::function<bool()>& ready, const char* what);
+  void require_unbroken() const;
   void ring(int q);
   uint8_t* buffer(int q, uint64_t round) const;
 

@@ -61,6 +61,17 @@ TEST_P(SharedMemoryTransport, SameBitsAsGloo) {
           reduce_scatter_tensor(gloo_part, input, op, gloo);
           EXPECT_TRUE(at::equal(shm_part, gloo_part)) << "reduce_scatter " << to_string(op) << " " << what;
         }
+        // In place: the input is the output, or the output is this rank's chunk of the input.
+        at::Tensor gathered = at::empty({n * chunk}, dtype);
+        gathered.narrow(0, ctx.rank * chunk, chunk).copy_(input.narrow(0, 0, chunk));
+        all_gather_into_tensor(gathered, gathered.narrow(0, ctx.rank * chunk, chunk));
+        all_gather_into_tensor(gloo_out.narrow(0, 0, n * chunk), input.narrow(0, 0, chunk), gloo);
+        EXPECT_TRUE(at::equal(gathered, gloo_out.narrow(0, 0, n * chunk))) << "in-place all_gather " << what;
+        at::Tensor scattered = input.clone();
+        reduce_scatter_tensor(scattered.narrow(0, ctx.rank * chunk, chunk), scattered);
+        at::Tensor gloo_part = at::empty({chunk}, dtype);
+        reduce_scatter_tensor(gloo_part, input, ReduceOp::SUM, gloo);
+        EXPECT_TRUE(at::equal(scattered.narrow(0, ctx.rank * chunk, chunk), gloo_part)) << "in-place reduce_scatter " << what;
         // all_reduce: Gloo's own algorithm sums in another order past two ranks, so only
         // closeness to it; but every rank must hold the very same bits.
         for (auto op : {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MAX}) {
@@ -99,6 +110,25 @@ TEST_P(SharedMemoryTransport, PeerExitEndsTheExchangeNamingTheRank) {
     EXPECT_NE(m.find("all_gather_into_tensor(output [" + std::to_string(n << 20) + "] Float"), std::string::npos) << m;
     EXPECT_NE(m.find("rank " + std::to_string(last)), std::string::npos) << m;
     EXPECT_LT(seconds, 20) << m;
+  }, options);
+}
+
+// A failed exchange leaves the members at different rounds: every later exchange of the group
+// must fail at once, never hand back a buffer of another round.
+TEST_P(SharedMemoryTransport, AfterAFailureLaterExchangesFail) {
+  testing::RunOptions options;
+  options.check_collectives = false;
+  options.collective_timeout = std::chrono::milliseconds(1000);
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size, last = n - 1;
+    all_gather_into_tensor(at::empty({n}), at::zeros({1}));
+    ASSERT_TRUE(detail::uses_shared_memory(ctx.world));
+    at::Tensor in = at::ones({1 << 20}), out = at::empty({n << 20});
+    if (ctx.rank == last) std::this_thread::sleep_for(std::chrono::seconds(4));  // the others time out
+    std::string first = testing::error_of([&] { all_gather_into_tensor(out, in); });
+    EXPECT_NE(first.find("all_gather_into_tensor"), std::string::npos) << first;
+    std::string later = testing::error_of([&] { all_gather_into_tensor(out, in); });
+    EXPECT_NE(later.find("shared-memory exchange closed"), std::string::npos) << later;
   }, options);
 }
 
