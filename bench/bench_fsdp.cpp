@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   app.add_option("--ddp-bucket-cap-mb", ddp_bucket_cap_mb, "DDP's bucket_cap_mb (PyTorch's default 25)");
   std::string trace_dir;
   app.add_option("--trace", trace_dir,
-                 "Write a Chrome trace of two FSDP steps per rank to DIR/rank-<R>.json "
+                 "Write a Chrome trace of two FSDP steps per rank, with the memory counter, to DIR/rank-<R>.json "
                  "(scripts/merge-chrome-traces.py merges them)");
   bool no_allocator_cache = false;
   app.add_flag("--no-allocator-cache", no_allocator_cache,
@@ -83,18 +83,27 @@ int main(int argc, char** argv) {
     opt.step();
   };
   fsdp_step();  // Adam state exists from here on
-  // The peak of a training step (not of building the model, which is whole on every rank
+  // The peaks of a training step (not of building the model, which is whole on every rank
   // until it is sharded), counted from the tensors alive between steps.
-  fsdpp::reset_peak_memory_stats();
-  const int64_t base = fsdpp::memory_stats().current_bytes;
-  opt.zero_grad();
-  at::Tensor probe_loss = language_model_loss(model->forward(tokens), targets);
-  const double forward_peak = fsdpp::memory_stats().peak_bytes - base;
-  const double after_forward = fsdpp::memory_stats().current_bytes - base;
-  probe_loss.backward();
-  const double backward_peak = fsdpp::memory_stats().peak_bytes - base;
-  probe_loss = at::Tensor();
-  opt.step();
+  struct StepPeaks {
+    double forward_peak, after_forward, backward_peak;
+  };
+  int64_t base = 0;
+  auto probe_peaks = [&] {
+    fsdpp::reset_peak_memory_stats();
+    base = fsdpp::memory_stats().current_bytes;
+    opt.zero_grad();
+    at::Tensor loss = language_model_loss(model->forward(tokens), targets);
+    StepPeaks peaks{};
+    peaks.forward_peak = fsdpp::memory_stats().peak_bytes - base;
+    peaks.after_forward = fsdpp::memory_stats().current_bytes - base;
+    loss.backward();
+    peaks.backward_peak = fsdpp::memory_stats().peak_bytes - base;
+    loss = at::Tensor();
+    opt.step();
+    return peaks;
+  };
+  const auto [forward_peak, after_forward, backward_peak] = probe_peaks();
   const double fsdp_peak = fsdpp::memory_stats().peak_bytes;
   const double fsdp_transient = fsdp_peak - base;
   const double fsdp_state = state_bytes(model->parameters());
@@ -120,7 +129,7 @@ int main(int argc, char** argv) {
   const double fsdp_faults = double(minor_faults() - faults) / (args.warmup + args.steps);
   if (!trace_dir.empty()) {
     std::filesystem::create_directories(trace_dir);
-    fsdpp::profiler::start();
+    fsdpp::profiler::start(fsdpp::profiler::ProfilerOptions().profile_memory(true));
     for (int step = 0; step < 2; ++step) {
       fsdpp::profiler::record_function span("step " + std::to_string(step));
       fsdp_step();
@@ -134,6 +143,7 @@ int main(int argc, char** argv) {
       unit->set_modules_to_backward_prefetch({});
     }
   const double no_prefetch_time = median_step(fsdp_step, args.warmup, args.steps, &world);
+  const double no_prefetch_backward_peak = probe_peaks().backward_peak;
 
   // DDP on the same slices.
   torch::manual_seed(0);
@@ -196,6 +206,9 @@ int main(int argc, char** argv) {
                 "backward peak %.2f U = act + root + %.2f U; backward peak / (act + 2 U) = %.2f\n",
                 mib(u), act / u, root_unit / u, forward_peak / u, (forward_peak - act - root_unit) / u, backward_peak / u,
                 (backward_peak - act - root_unit) / u, backward_peak / (act + 2 * u));
+    std::printf("  without prefetch: backward peak %.3f MiB = act + root + %.2f U; backward peak / (act + 2 U) = %.2f\n",
+                mib(no_prefetch_backward_peak), (no_prefetch_backward_peak - act - root_unit) / u,
+                no_prefetch_backward_peak / (act + 2 * u));
     std::printf("step time (median): FSDP %.2f ms, FSDP without prefetch %.2f ms, DDP %.2f ms, single process %.2f ms\n",
                 fsdp_time * 1e3, no_prefetch_time * 1e3, ddp_time * 1e3, single_time * 1e3);
     std::printf("minor page faults per step (rank 0): FSDP %.0f, DDP %.0f; allocator cache %s\n", fsdp_faults,

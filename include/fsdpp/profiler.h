@@ -13,8 +13,16 @@
 
 namespace fsdpp::profiler {
 
+struct ProfilerOptions {
+  // PyTorch's profile_memory: a counter track `memory` of the bytes of tensor storage alive
+  // (fsdpp::memory_stats().current_bytes), sampled at every allocation and free, so the
+  // step's peak and what was running then can be read off the timeline.
+  ProfilerOptions& profile_memory(bool v) { profile_memory_ = v; return *this; }
+  bool profile_memory_ = false;
+};
+
 // Clears what an earlier recording left and starts recording.
-void start();
+void start(const ProfilerOptions& options = {});
 // Stops recording; what was recorded stays until the next start().
 void stop();
 bool is_recording();

@@ -13,6 +13,7 @@
 #include "compat/cpu_allocator.h"
 #include "memory/allocator_caching.h"
 #include "memory/block_cache.h"
+#include "profiler/timeline.h"
 
 // Under AddressSanitizer a cached block's data is poisoned, so a use after free is still reported.
 #if defined(__SANITIZE_ADDRESS__)
@@ -44,6 +45,8 @@ constexpr size_t kHeader = 64;
 
 void count(int64_t delta) {
   int64_t now = g_current.fetch_add(delta) + delta;
+  // Each sample is a value current_bytes took, so the samples' maximum is the peak.
+  if (profiler::detail::recording_memory()) profiler::detail::record_memory(now);
   int64_t peak = g_peak.load();
   while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
   }

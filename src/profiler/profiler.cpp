@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fsdpp/error.h>
+#include <fsdpp/memory.h>
 #include <fsdpp/process_group.h>
 
 #include "profiler/timeline.h"
@@ -19,6 +20,7 @@ namespace fsdpp::profiler {
 namespace detail {
 
 std::atomic<bool> g_recording{false};
+std::atomic<bool> g_recording_memory{false};
 
 namespace {
 
@@ -27,8 +29,15 @@ struct RecordedEvent {
   int track;
 };
 
+struct MemorySample {
+  long long time_us;
+  long long bytes;
+};
+
 std::mutex g_mutex;
 std::vector<RecordedEvent> g_events;
+// Never destroyed: tensors freed during static destruction still report to it while recording.
+std::vector<MemorySample>& g_memory = *new std::vector<MemorySample>;
 std::map<int, std::string> g_track_names;
 int g_next_track = 0;
 
@@ -66,17 +75,31 @@ void record(Event event) {
   g_events.push_back({std::move(event), track});
 }
 
+void record_memory(long long bytes) {
+  if (!recording_memory()) return;
+  const long long now = now_us();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_memory.push_back({now, bytes});
+}
+
 }  // namespace detail
 
-void start() {
+void start(const ProfilerOptions& options) {
   {
     std::lock_guard<std::mutex> lock(detail::g_mutex);
     detail::g_events.clear();
+    detail::g_memory.clear();
   }
   detail::g_recording = true;
+  detail::g_recording_memory = options.profile_memory_;
+  // The counter starts from what is alive already.
+  if (options.profile_memory_) detail::record_memory(memory_stats().current_bytes);
 }
 
-void stop() { detail::g_recording = false; }
+void stop() {
+  detail::g_recording_memory = false;
+  detail::g_recording = false;
+}
 
 bool is_recording() { return detail::recording(); }
 
@@ -104,6 +127,10 @@ void export_chrome_trace(const std::string& path) {
       }
       events.push_back(std::move(out));
     }
+    // A counter track (ph "C"): Perfetto draws it as a graph of the process's memory.
+    for (const auto& m : detail::g_memory)
+      events.push_back({{"name", "memory"}, {"ph", "C"}, {"ts", m.time_us}, {"pid", pid},
+                        {"args", {{"allocated MiB", static_cast<double>(m.bytes) / (1 << 20)}, {"bytes", m.bytes}}}});
   }
   std::ofstream file(path, std::ios::binary | std::ios::trunc);
   if (file) file << nlohmann::json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}.dump() << '\n';

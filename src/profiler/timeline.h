@@ -10,6 +10,8 @@ namespace fsdpp::profiler::detail {
 
 extern std::atomic<bool> g_recording;
 inline bool recording() { return g_recording.load(std::memory_order_relaxed); }
+extern std::atomic<bool> g_recording_memory;
+inline bool recording_memory() { return g_recording_memory.load(std::memory_order_relaxed); }
 
 // "what who" while recording, "" otherwise: a record_function name not built when not needed.
 inline std::string span_name(const char* what, const std::string& who) {
@@ -35,5 +37,9 @@ struct Event {
 
 // Adds `event` on the calling thread's track, if recording.
 void record(Event event);
+
+// A sample of the `memory` counter: `bytes` of tensor storage alive now. Called by the CPU
+// allocator on every allocation and free while recording memory.
+void record_memory(long long bytes);
 
 }  // namespace fsdpp::profiler::detail

@@ -2,6 +2,8 @@
 // waited on), FSDP's per-unit spans, and the user's record_function spans.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 #include <map>
@@ -12,6 +14,7 @@
 #include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/device_mesh.h>
 #include <fsdpp/error.h>
+#include <fsdpp/memory.h>
 #include <fsdpp/profiler.h>
 
 #include "dist/fsdp_test_util.h"
@@ -170,10 +173,56 @@ TEST_P(ProfilerTest, FSDPUnitsNameTheirCollectives) {
     for (const auto& e : trace.named("issue reduce_scatter_tensor #"))
       EXPECT_TRUE(e.at("ts") >= backward.at("ts") && e.at("ts") <= end_of(backward)) << e;
     EXPECT_FALSE(trace.named("wait all_gather_into_tensor").empty());
+    EXPECT_TRUE(trace.named("memory").empty()) << "memory is recorded only with profile_memory";
+  });
+}
+
+// The memory counter samples every allocation and free of every thread (the comm threads'
+// buffers too), so its highest sample is the step's peak.
+TEST_P(ProfilerTest, MemoryCounterReachesTheStepsPeak) {
+  testing::run_ranks(GetParam(), [](RankContext& ctx) {
+    torch::manual_seed(0);
+    const auto options = FullyShardOptions();
+    FSDPSequential model(make_multi_group(true, options), options);
+    model->forward(torch::randn({4, 7})).sum().backward();  // lazy initialization is not the step
+    profiler::start(profiler::ProfilerOptions().profile_memory(true));
+    reset_peak_memory_stats();
+    const int64_t allocations = memory_stats().num_allocations;
+    model->forward(torch::randn({4, 7})).sum().backward();
+    profiler::stop();
+    const MemoryStats after = memory_stats();
+    const std::string path = ctx.temp_dir + "/rank-" + std::to_string(ctx.rank) + ".json";
+    profiler::export_chrome_trace(path);
+    const std::vector<json> samples = Trace(path).named("memory");
+    ASSERT_GT(samples.size(), 1u);
+    int64_t highest = 0;
+    for (const auto& s : samples) {
+      EXPECT_EQ(s.at("ph"), "C") << s;
+      highest = std::max(highest, s.at("args").at("bytes").get<int64_t>());
+    }
+    EXPECT_EQ(highest, after.peak_bytes);
+    EXPECT_GE(static_cast<int64_t>(samples.size()), 1 + after.num_allocations - allocations);
   });
 }
 
 FSDPP_INSTANTIATE_WORLD_SIZES(ProfilerTest);
+
+// One thread, nothing else allocating: the samples are exactly the totals after each event.
+TEST(ProfilerMemory, SamplesTheTotalAtStartAndAfterEachAllocationAndFree) {
+  const int64_t mib = 1 << 20;
+  profiler::start(profiler::ProfilerOptions().profile_memory(true));
+  const int64_t base = memory_stats().current_bytes;
+  at::Tensor a = at::empty({mib}, at::kByte);
+  at::Tensor b = at::empty({3 * mib}, at::kByte);
+  a = at::Tensor();
+  profiler::stop();
+  b = at::Tensor();  // not recorded
+  const std::string path = ::testing::TempDir() + "profiler-memory-" + std::to_string(getpid()) + ".json";
+  profiler::export_chrome_trace(path);
+  std::vector<int64_t> bytes;
+  for (const auto& s : Trace(path).named("memory")) bytes.push_back(s.at("args").at("bytes").get<int64_t>());
+  EXPECT_EQ(bytes, (std::vector<int64_t>{base, base + mib, base + 4 * mib, base + 3 * mib}));
+}
 
 // HSDP on a 2 x 2 mesh, as FSDP2's foreach_reduce: each unit's all-reduce across the replicas is
 // issued in its own post-backward, right after its reduce-scatter (so before the next unit's
