@@ -2,15 +2,18 @@
 // Collectives with work hooked onto their group's comm thread: an all-reduce started only once a
 // collective of another group has finished (FSDP's replicate all-reduce of a gradient shard,
 // chained after the unit's reduce-scatter, as FSDP2's foreach_reduce waits for the
-// reduce-scatter stream), and FSDP's all-gather and reduce-scatter whose buffers live only while
-// the comm thread runs them. Private to fsdpp.
+// reduce-scatter stream), and FSDP's all-gather (into its parameters' layout) and reduce-scatter
+// whose buffers live only while the comm thread runs them. Private to fsdpp.
 #include <functional>
+#include <memory>
 
 #include <ATen/core/Tensor.h>
 
 #include <fsdpp/collectives.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/work.h>
+
+#include "comm/gather_layout.h"
 
 namespace fsdpp::detail {
 
@@ -24,12 +27,14 @@ namespace fsdpp::detail {
 Work all_reduce_after(const Work& after, const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group,
                       std::function<void()> prepare = {});
 
-// all_gather_into_tensor(output, input, group, /*async_op=*/true), except that the comm thread
-// runs `prepare` right before the exchange: FSDP allocates `output`'s memory there, so a
-// prefetch's buffer does not exist while the collectives queued before it still hold theirs.
-// `output` only needs its sizes until then.
-Work all_gather_into_tensor_prepared(const at::Tensor& output, const at::Tensor& input, const ProcessGroup& group,
-                                     std::function<void()> prepare);
+// all_gather_into_tensor(output, input, group, /*async_op=*/true), except that each rank's
+// input lands where `layout` puts it (FSDP's unsharded parameter-major layout) and that the
+// comm thread runs `prepare` right before the exchange: FSDP allocates `output`'s memory there,
+// so a prefetch's buffer does not exist while the collectives queued before it still hold
+// theirs. `output` only needs its sizes until then. Counted, numbered and checked as
+// all_gather_into_tensor.
+Work all_gather_into_layout(const at::Tensor& output, const at::Tensor& input, std::shared_ptr<const GatherLayout> layout,
+                            const ProcessGroup& group, std::function<void()> prepare);
 
 // reduce_scatter_tensor(output, input, op, group, /*async_op=*/true), except that the comm thread
 // runs `done` as soon as the exchange no longer reads `input` (FSDP frees it there), before the

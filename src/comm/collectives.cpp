@@ -162,6 +162,26 @@ void run_all_gather(const ProcessGroupImpl& g, const at::Tensor& output, const a
   wait_all(g, works);
 }
 
+// all_gather with each rank's block where `layout` puts it. Over shared memory the peers'
+// bytes are copied from the segment straight to their places; over Gloo a peer's block
+// arrives whole (one message, as above) and is placed from a rank-major copy, here on the
+// comm thread.
+void run_all_gather_into_layout(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input,
+                                const detail::GatherLayout& layout) {
+  void* out = output.data_ptr();
+  const size_t element = input.element_size();
+  const int64_t block = input.numel();
+  if (g.size() == 1) return layout.place(out, 0, 0, block, input.data_ptr(), element);
+  if (auto* shm = detail::shm_transport(g))
+    return shm->all_gather(output, input, [&](int q, int64_t offset, const uint8_t* bytes, int64_t len) {
+      layout.place(out, q, offset / static_cast<int64_t>(element), len / static_cast<int64_t>(element), bytes, element);
+    });
+  const at::Tensor gathered = at::empty({output.numel()}, input.options());
+  run_all_gather(g, gathered, input);
+  const auto* from = static_cast<const char*>(gathered.data_ptr());
+  for (int q = 0; q < g.size(); ++q) layout.place(out, q, 0, block, from + q * block * element, element);
+}
+
 // reduce_scatter in a ring: N-1 steps, each passing one chunk-sized partial sum to the next
 // rank, so a rank sends (N-1)/N of the input (allreduce-then-slice would send twice that).
 // Chunks travel in segments of at most 1 MiB, like Gloo's own ring, so adding one segment
@@ -479,7 +499,8 @@ Work broadcast(const at::Tensor& tensor, int src, const ProcessGroup& group, boo
 namespace {
 
 Work all_gather_into_tensor_impl(const at::Tensor& output, const at::Tensor& input, const ProcessGroup& group,
-                                 bool async_op, std::function<void()> prepare) {
+                                 bool async_op, std::function<void()> prepare = {},
+                                 std::shared_ptr<const detail::GatherLayout> layout = nullptr) {
   const char* name = "all_gather_into_tensor";
   const auto& g = detail::member_group(group, name);
   require_tensor(output, name, "output");
@@ -496,9 +517,12 @@ Work all_gather_into_tensor_impl(const at::Tensor& output, const at::Tensor& inp
   intent.fields[Intent::kOutput] = output.numel();
   const int64_t bytes = (g.size() - 1) * input.numel() * input.element_size();
   return submit(g, kAllGather, intent, bytes, "output " + shape_of(output) + ", input " + shape_of(input), async_op,
-                [&g, output, input, prepare = std::move(prepare)] {
+                [&g, output, input, prepare = std::move(prepare), layout = std::move(layout)] {
                   if (prepare) prepare();
-                  run_all_gather(g, output, input);
+                  if (layout)
+                    run_all_gather_into_layout(g, output, input, *layout);
+                  else
+                    run_all_gather(g, output, input);
                 });
 }
 
@@ -506,14 +530,15 @@ Work all_gather_into_tensor_impl(const at::Tensor& output, const at::Tensor& inp
 
 Work all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input, const ProcessGroup& group,
                             bool async_op) {
-  return all_gather_into_tensor_impl(output, input, group, async_op, {});
+  return all_gather_into_tensor_impl(output, input, group, async_op);
 }
 
 namespace detail {
 
-Work all_gather_into_tensor_prepared(const at::Tensor& output, const at::Tensor& input, const ProcessGroup& group,
-                                     std::function<void()> prepare) {
-  return all_gather_into_tensor_impl(output, input, group, /*async_op=*/true, std::move(prepare));
+Work all_gather_into_layout(const at::Tensor& output, const at::Tensor& input,
+                            std::shared_ptr<const GatherLayout> layout, const ProcessGroup& group,
+                            std::function<void()> prepare) {
+  return all_gather_into_tensor_impl(output, input, group, /*async_op=*/true, std::move(prepare), std::move(layout));
 }
 
 }  // namespace detail

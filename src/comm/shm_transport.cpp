@@ -268,18 +268,24 @@ void ShmTransport::round(const std::function<void(uint8_t*)>& write,
   ring(rank_);
 }
 
-void ShmTransport::all_gather(const at::Tensor& output, const at::Tensor& input) {
+void ShmTransport::all_gather(const at::Tensor& output, const at::Tensor& input, const Place& place) {
   auto* out = static_cast<uint8_t*>(output.data_ptr());
   const auto* in = static_cast<const uint8_t*>(input.data_ptr());
   const int64_t bytes = input.numel() * input.element_size();
-  if (out + rank_ * bytes != in) std::memcpy(out + rank_ * bytes, in, static_cast<size_t>(bytes));  // in place
+  auto put = [&](int q, int64_t offset, const uint8_t* from, int64_t len) {
+    if (place)
+      place(q, offset, from, len);
+    else if (out + q * bytes + offset != from)  // in place
+      std::memcpy(out + q * bytes + offset, from, static_cast<size_t>(len));
+  };
+  put(rank_, 0, in, bytes);
   try {
     for (int64_t offset = 0; offset < bytes; offset += buffer_bytes_) {
-      const auto len = static_cast<size_t>(std::min(buffer_bytes_, bytes - offset));
-      round([&](uint8_t* mine) { std::memcpy(mine, in + offset, len); },
+      const int64_t len = std::min(buffer_bytes_, bytes - offset);
+      round([&](uint8_t* mine) { std::memcpy(mine, in + offset, static_cast<size_t>(len)); },
             [&](const std::vector<const uint8_t*>& buffers) {
               for (int q = 0; q < size_; ++q)
-                if (q != rank_) std::memcpy(out + q * bytes + offset, buffers[q], len);
+                if (q != rank_) put(q, offset, buffers[q], len);
             });
     }
   } catch (...) {

@@ -29,8 +29,10 @@ class ShmTransport {
   ShmTransport(const ShmTransport&) = delete;
   ShmTransport& operator=(const ShmTransport&) = delete;
 
-  // output [size x input bytes], rank-major, as all_gather_into_tensor.
-  void all_gather(const at::Tensor& output, const at::Tensor& input);
+  // Puts `len` bytes from byte `offset` of rank q's input, at `bytes`, where they belong in the output.
+  using Place = std::function<void(int q, int64_t offset, const uint8_t* bytes, int64_t len)>;
+  // output [size x input bytes], rank-major, as all_gather_into_tensor; or where `place` says.
+  void all_gather(const at::Tensor& output, const at::Tensor& input, const Place& place = {});
   // `combine` reduces pieces[q], rank q's values of a range of elements (pieces[rank] this
   // rank's own), into `target`.
   using Combine = std::function<void(const std::vector<at::Tensor>& pieces, const at::Tensor& target)>;

@@ -11,14 +11,15 @@ UnitFlatLayout::UnitFlatLayout(const std::vector<FSDPParam>& params, int world_s
   }
 }
 
-void copy_out(const std::vector<FSDPParam>& params, const UnitFlatLayout& flat, const at::Tensor& all_gather_output,
-              const at::Tensor& unsharded) {
-  const int n = flat.world_size();
-  at::Tensor by_rank = all_gather_output.view({n, flat.shard_numel()});
-  for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t c = params[i].padded_chunk_numel();
-    unsharded.narrow(0, flat.unsharded_offset(i), n * c).view({n, c}).copy_(by_rank.narrow(1, flat.shard_offset(i), c));
+GatherLayout UnitFlatLayout::gather_layout(int64_t blocks_per_member) const {
+  GatherLayout layout;
+  layout.block_numel = shard_numel_;
+  layout.blocks_per_member = blocks_per_member;
+  for (size_t i = 0; i < shard_offsets_.size(); ++i) {
+    const int64_t end = i + 1 < shard_offsets_.size() ? shard_offsets_[i + 1] : shard_numel_;
+    layout.pieces.push_back({shard_offsets_[i], end - shard_offsets_[i], unsharded_offset(i)});
   }
+  return layout;
 }
 
 at::Tensor post_forward_shard(const std::vector<FSDPParam>& params, const UnitFlatLayout& flat, int64_t first_rank,

@@ -50,6 +50,9 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> p
   }
   check_same_on_all_ranks();
   flat_ = UnitFlatLayout(params_, world_size_);
+  gather_layout_ = std::make_shared<const GatherLayout>(flat_.gather_layout());
+  if (post_forward_size_ > 0)
+    post_forward_gather_layout_ = std::make_shared<const GatherLayout>(flat_.gather_layout(world_size_ / post_forward_size_));
   compute_device_ = first.device();
   // The full parameters this frees are never allocated again: back to the system, not cached.
   NoCachingScope no_caching;
@@ -64,7 +67,7 @@ FSDPParamGroup::~FSDPParamGroup() {
     } catch (...) {
     }
   };
-  if (all_gather_output_.defined()) wait_quietly(all_gather_work_);
+  if (gathering_) wait_quietly(all_gather_work_);
   if (reduce_scatter_output_.defined()) {
     wait_quietly(reduce_scatter_work_);
     wait_quietly(all_reduce_work_);
@@ -138,7 +141,7 @@ void FSDPParamGroup::handle_dtype_change() {
       throw Error("FSDP unit " + unit_name_ + ": parameter '" + p.fqn() + "' is " +
                   std::string(c10::toString(p.param().scalar_type())) + " but '" + params_.front().fqn() + "' is " +
                   std::string(c10::toString(dtype)) + "; one unit needs one dtype");
-  if (reduce_scatter_output_.defined() || all_gather_output_.defined())
+  if (reduce_scatter_output_.defined() || gathering_)
     throw Error("FSDP unit " + unit_name_ + ": parameters were cast while a collective was in flight");
   bind_flat_buffers(sharded_options(dtype), /*initial=*/false);
   for (auto& g : accumulated_grads_)
@@ -155,13 +158,6 @@ void allocate_storage(const at::Tensor& t) {
   storage->set_nbytes(nbytes);
 }
 
-// A tensor of `numel` elements without memory yet: allocate_storage gives it some.
-at::Tensor unallocated(int64_t numel, const at::TensorOptions& options) {
-  at::Tensor t = at::empty({0}, options);
-  t.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
-  return t;
-}
-
 // Frees a tensor's memory now, even while other handles to its storage live on (a collective's
 // closure shares it, and a reduce-scatter's `done` hook frees its input while the closure runs).
 void release_storage(const at::Tensor& t) {
@@ -175,23 +171,38 @@ void FSDPParamGroup::allocate_unsharded() { allocate_storage(unsharded_flat_); }
 
 void FSDPParamGroup::free_unsharded() { release_storage(unsharded_flat_); }
 
-void FSDPParamGroup::start_all_gather(const at::Tensor& input, const ProcessGroup& group) {
-  // The output's memory is allocated on the comm thread when the exchange starts, so a prefetch
+void FSDPParamGroup::start_all_gather(const at::Tensor& input, const ProcessGroup& group,
+                                      std::shared_ptr<const GatherLayout> layout, const at::Tensor& target) {
+  // The target's memory is allocated on the comm thread when the exchange starts, so a prefetch
   // queued behind a reduce-scatter does not coexist with that reduce-scatter's input.
-  all_gather_output_ = unallocated(flat_.unsharded_numel(), input.options());
-  all_gather_work_ = detail::all_gather_into_tensor_prepared(all_gather_output_, input, group,
-                                                             [output = all_gather_output_] { allocate_storage(output); });
+  gathering_ = true;
+  all_gather_work_ = detail::all_gather_into_layout(target, input, std::move(layout), group,
+                                                    [target] { allocate_storage(target); });
+}
+
+void FSDPParamGroup::finish_all_gather() {
+  gathering_ = false;
+  try {
+    all_gather_work_.wait();
+  } catch (...) {
+    if (gathering_full_precision_)
+      full_precision_flat_ = at::Tensor();
+    else
+      free_unsharded();
+    gathering_full_precision_ = false;
+    throw;
+  }
 }
 
 void FSDPParamGroup::unshard(UnshardFor purpose) {
-  if (unsharded_ || all_gather_output_.defined()) return;
+  if (unsharded_ || gathering_) return;
   profiler::record_function span(profiler::detail::span_name("FSDP::unshard", trace_name_));
   // A reduce-scatter left in flight by a backward that was not the last one.
   finalize_backward();
   if (purpose != UnshardFor::kBackward) drop_post_forward_shard();
   testing_delay(testing_delays().before_all_gather_ms);
   if (post_forward_shard_.defined()) {
-    start_all_gather(post_forward_shard_, post_forward_group_);
+    start_all_gather(post_forward_shard_, post_forward_group_, post_forward_gather_layout_, unsharded_flat_);
     return;
   }
   // Optimizer steps write into the shards in place; a user's set_data is folded back here.
@@ -204,7 +215,8 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
   gathering_full_precision_ = purpose == UnshardFor::kFullPrecision && dtype != sharded_flat_.scalar_type();
   const at::Tensor input = gathering_full_precision_ ? sharded_flat_.to(compute_device_)
                                                      : sharded_flat_.to(compute_options(), /*non_blocking=*/sharded_flat_.is_pinned());
-  start_all_gather(input, process_group_);
+  if (gathering_full_precision_) full_precision_flat_ = at::empty({flat_.unsharded_numel()}, input.options());
+  start_all_gather(input, process_group_, gather_layout_, gathering_full_precision_ ? full_precision_flat_ : unsharded_flat_);
 }
 
 void FSDPParamGroup::drop_post_forward_shard() {
@@ -230,7 +242,7 @@ void FSDPParamGroup::reshard_after_forward() {
     reshard();
     return;
   }
-  // Keep the chunks of ranks [j * N/k, (j + 1) * N/k) in all-gather output layout.
+  // Keep the sharded flats of ranks [j * N/k, (j + 1) * N/k), one after another.
   const int64_t per_member = world_size_ / post_forward_size_;
   const int64_t first = post_forward_group_.rank() * per_member;
   at::NoGradGuard no_grad;
@@ -242,20 +254,13 @@ void FSDPParamGroup::reshard_after_forward() {
 void FSDPParamGroup::wait_for_unshard() {
   if (unsharded_) return;
   profiler::record_function span(profiler::detail::span_name("FSDP::wait_for_unshard", trace_name_));
-  if (!all_gather_output_.defined()) unshard();
-  at::Tensor output = std::move(all_gather_output_);
-  all_gather_output_ = at::Tensor();
-  all_gather_work_.wait();
+  if (!gathering_) unshard();
+  finish_all_gather();
   at::NoGradGuard no_grad;
   if (gathering_full_precision_) {
     gathering_full_precision_ = false;
-    full_precision_flat_ = at::empty_like(output);
     bind_unsharded(full_precision_flat_);
-  } else {
-    allocate_unsharded();
   }
-  copy_out(params_, flat_, output, full_precision_flat_.defined() ? full_precision_flat_ : unsharded_flat_);
-  release_storage(output);
   drop_post_forward_shard();
   for (auto& p : params_) p.to_unsharded();
   unsharded_ = true;
@@ -263,14 +268,13 @@ void FSDPParamGroup::wait_for_unshard() {
 
 std::vector<at::Tensor> FSDPParamGroup::full_values() const {
   at::NoGradGuard no_grad;
-  at::Tensor gathered = sharded_flat_.to(compute_device_);
+  // One rank's sharded flat is its unsharded flat.
+  at::Tensor unsharded = sharded_flat_.to(compute_device_);
   if (world_size_ > 1) {
-    at::Tensor input = std::move(gathered);
-    gathered = at::empty({flat_.unsharded_numel()}, input.options());
-    all_gather_into_tensor(gathered, input, process_group_);
+    at::Tensor input = std::move(unsharded);
+    unsharded = at::empty({flat_.unsharded_numel()}, input.options());
+    detail::all_gather_into_layout(unsharded, input, gather_layout_, process_group_, {}).wait();
   }
-  at::Tensor unsharded = at::empty_like(gathered);
-  copy_out(params_, flat_, gathered, unsharded);
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& p = params_[i];
@@ -333,10 +337,12 @@ std::vector<at::Tensor> FSDPParamGroup::local_rows_from_flat(const ShardedTensor
 }
 
 void FSDPParamGroup::drop_pending_unshard() {
-  if (!all_gather_output_.defined()) return;
-  all_gather_work_.wait();
-  release_storage(all_gather_output_);
-  all_gather_output_ = at::Tensor();
+  if (!gathering_) return;
+  finish_all_gather();
+  if (gathering_full_precision_)
+    full_precision_flat_ = at::Tensor();
+  else
+    free_unsharded();
   gathering_full_precision_ = false;
 }
 

@@ -7,6 +7,7 @@
 // (the storage shrinks to 0 bytes) and unsharding reallocates it, so views that autograd
 // saved during forward see the regathered values in backward.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -101,8 +102,8 @@ class FSDPParamGroup {
   // Waits for and drops an all-gather nobody used (a prefetch for a unit that did not run).
   void drop_pending_unshard();
 
-  // For state dicts. Each parameter's full value (a copy), by the unit's own all-gather and
-  // copy-out into a buffer of its own: the unit's state does not change. Collective.
+  // For state dicts. Each parameter's full value (a copy), by the unit's own all-gather
+  // into a buffer of its own: the unit's state does not change. Collective.
   std::vector<at::Tensor> full_values() const;
   // The LOCAL state dict's flat parameter: the parameters flattened and concatenated, each
   // parameter's rows on the rank that holds them (a copy of this rank's). No communication.
@@ -136,8 +137,12 @@ class FSDPParamGroup {
   std::vector<ShardMetadata> flat_shards_metadata() const;
   void allocate_unsharded();
   void free_unsharded();
-  // Issues the gather of `input` over `group` into all_gather_output_, allocated when it starts.
-  void start_all_gather(const at::Tensor& input, const ProcessGroup& group);
+  // Issues the gather of `input` over `group` straight into `target` (the unsharded flat, or
+  // full_precision_flat_), whose memory is allocated when the exchange starts.
+  void start_all_gather(const at::Tensor& input, const ProcessGroup& group,
+                        std::shared_ptr<const GatherLayout> layout, const at::Tensor& target);
+  // Waits for the gather in flight; if it failed, frees what it was filling and rethrows.
+  void finish_all_gather();
   void drop_post_forward_shard();
 
   std::string unit_name_;
@@ -148,6 +153,8 @@ class FSDPParamGroup {
   int world_size_ = 1;
   std::vector<FSDPParam> params_;
   UnitFlatLayout flat_;
+  std::shared_ptr<const GatherLayout> gather_layout_;  // from sharded flats, or post-forward shards
+  std::shared_ptr<const GatherLayout> post_forward_gather_layout_;
   at::Device compute_device_ = at::kCPU;
   OffloadPolicy offload_policy_;
   at::Tensor sharded_flat_;    // on the host under CPU offload, else on the compute device
@@ -165,7 +172,7 @@ class FSDPParamGroup {
   at::Tensor post_forward_shard_;
 
   Work all_gather_work_;
-  at::Tensor all_gather_output_;
+  bool gathering_ = false;  // all_gather_work_ is in flight into the unsharded (or full-precision) flat
 
   Work reduce_scatter_work_;
   at::Tensor reduce_scatter_input_;

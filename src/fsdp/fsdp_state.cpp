@@ -146,8 +146,7 @@ void FSDPState::pre_forward() {
   }
   training_state_ = TrainingState::kForward;
   if (context_ && context_->recording_order) append_once(context_->forward_order, this);
-  // Waiting before prefetching (as FSDP2 does): the next unit's gather then starts once this
-  // unit's all-gather output is copied out and freed, so the two do not coexist.
+  // Waiting before prefetching, as FSDP2 does.
   if (param_group_) {
     param_group_->unshard();
     param_group_->wait_for_unshard();
