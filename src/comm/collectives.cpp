@@ -11,6 +11,7 @@
 
 #include "comm/chained_collectives.h"
 #include "comm/error_message.h"
+#include "comm/gloo_ring_order.h"
 #include "comm/hang_report.h"
 #include "comm/process_group_impl.h"
 #include "comm/shm_transport.h"
@@ -273,6 +274,38 @@ detail::ShmTransport::Combine shm_combine(const ProcessGroupImpl& g, ReduceOp op
   };
 }
 
+// all_reduce over shared memory sums as the Gloo path does: a dtype Gloo reduces in Gloo's ring
+// order (comm/gloo_ring_order.h), each addition rounded to the dtype; bfloat16, which Gloo
+// cannot reduce, in float32 at once (run_all_reduce_by_scatter_gather). AVG's division is the
+// caller's, except in bfloat16.
+detail::ShmTransport::PlacedCombine shm_all_reduce_combine(const ProcessGroupImpl& g, ReduceOp op,
+                                                           const at::Tensor& tensor) {
+  const int n = g.size();
+  if (is_half(tensor.scalar_type()) && !gloo_can_reduce(tensor.scalar_type()))
+    return [all_at_once = shm_combine(g, op, /*half=*/true)](int64_t, const std::vector<at::Tensor>& pieces,
+                                                             const at::Tensor& target) {
+      all_at_once(pieces, target);
+    };
+  const int64_t chunk = detail::gloo_ring_chunk_numel(tensor.numel(), tensor.element_size(), n);
+  return [n, op, chunk](int64_t first, const std::vector<at::Tensor>& pieces, const at::Tensor& into) {
+    // The range may span the end of one of Gloo's chunks; each part sums in its chunk's order.
+    for (int64_t done = 0; done < into.numel();) {
+      const int64_t c = (first + done) / chunk;
+      const int64_t len = std::min((c + 1) * chunk - (first + done), into.numel() - done);
+      at::Tensor target = into.narrow(0, done, len);
+      auto piece = [&](int k) { return pieces[detail::gloo_ring_summand(c, k, n)].narrow(0, done, len); };
+      // Gloo adds its own values to the partial sum it received: own + partial.
+      for (int k = 1; k < n; ++k) {
+        const at::Tensor own = piece(k), partial = k == 1 ? piece(0) : target;
+        if (op == ReduceOp::MIN) at::minimum_out(target, own, partial);
+        else if (op == ReduceOp::MAX) at::maximum_out(target, own, partial);
+        else at::add_out(target, own, partial);
+      }
+      done += len;
+    }
+  };
+}
+
 void run_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   if (g.size() == 1) {
     output.reshape({-1}).copy_(input.reshape({-1}));
@@ -444,9 +477,8 @@ Work all_reduce_impl(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& 
     if (prepare) prepare();
     if (g.size() == 1) return;
     if (auto* shm = detail::shm_transport(g)) {
-      const bool half = is_half(tensor.scalar_type());
-      shm->all_reduce(tensor, shm_combine(g, op, half));
-      if (op == ReduceOp::AVG && !half) tensor.div_(g.size());
+      shm->all_reduce(tensor, shm_all_reduce_combine(g, op, tensor));
+      if (op == ReduceOp::AVG && native) tensor.div_(g.size());
       return;
     }
     if (!native) return run_all_reduce_by_scatter_gather(g, tensor, op);

@@ -325,7 +325,7 @@ void ShmTransport::reduce_scatter(const at::Tensor& output, const at::Tensor& in
   }
 }
 
-void ShmTransport::all_reduce(const at::Tensor& tensor, const Combine& combine) {
+void ShmTransport::all_reduce(const at::Tensor& tensor, const PlacedCombine& combine) {
   const at::Tensor flat = tensor.view({-1});
   const int64_t numel = flat.numel(), element = tensor.element_size();
   const int64_t piece = buffer_bytes_ / size_ / 64 * 64 / element;
@@ -347,7 +347,7 @@ void ShmTransport::all_reduce(const at::Tensor& tensor, const Combine& combine) 
                 pieces[q] = q == rank_ ? flat.narrow(0, base + start(rank_), mine)
                                        : at::from_blob(const_cast<uint8_t*>(buffers[q]) + start(rank_) * element,
                                                        {mine}, tensor.options());
-              combine(pieces, share.narrow(0, 0, mine));
+              combine(base + start(rank_), pieces, share.narrow(0, 0, mine));
             });
       // Round 2: every rank posts its reduced piece; all copy the others'.
       round([&](uint8_t* buffer) { std::memcpy(buffer, share.data_ptr(), static_cast<size_t>(mine * element)); },

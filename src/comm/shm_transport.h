@@ -38,8 +38,12 @@ class ShmTransport {
   using Combine = std::function<void(const std::vector<at::Tensor>& pieces, const at::Tensor& target)>;
   // input [size x output elements] (chunk q goes to rank q), as reduce_scatter_tensor.
   void reduce_scatter(const at::Tensor& output, const at::Tensor& input, const Combine& combine);
+  // As Combine, also told where the range starts in the reduced tensor (Gloo's order of sums,
+  // which all_reduce matches, depends on the position).
+  using PlacedCombine =
+      std::function<void(int64_t first, const std::vector<at::Tensor>& pieces, const at::Tensor& target)>;
   // In place: each rank reduces its share of every round's range, then all gather the shares.
-  void all_reduce(const at::Tensor& tensor, const Combine& combine);
+  void all_reduce(const at::Tensor& tensor, const PlacedCombine& combine);
 
   // Tells the peers that this rank's exchange failed, so that they stop waiting for it.
   void mark_broken();

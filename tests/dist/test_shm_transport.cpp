@@ -72,22 +72,41 @@ TEST_P(SharedMemoryTransport, SameBitsAsGloo) {
         at::Tensor gloo_part = at::empty({chunk}, dtype);
         reduce_scatter_tensor(gloo_part, input, ReduceOp::SUM, gloo);
         EXPECT_TRUE(at::equal(scattered.narrow(0, ctx.rank * chunk, chunk), gloo_part)) << "in-place reduce_scatter " << what;
-        // all_reduce: Gloo's own algorithm sums in another order past two ranks, so only
-        // closeness to it; but every rank must hold the very same bits.
+      }
+  });
+}
+
+// all_reduce over shared memory adds in Gloo's ring order (src/comm/gloo_ring_order.h), so the
+// very bits of Gloo's all_reduce at every world size: one element; 7 and 10, which Gloo cuts
+// unlike an even split (7 at 3 ranks, 10 at 4: 4 + 4 + 2 + 0); 1001; and one element past
+// 2N MiB, where Gloo goes from 2 to 3 segments per chunk (several shared-memory rounds).
+TEST_P(SharedMemoryTransport, AllReduceSameBitsAsGloo) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size;
+    all_gather_into_tensor(at::empty({n}), at::zeros({1}));
+    ASSERT_TRUE(detail::uses_shared_memory(ctx.world));
+    ProcessGroup gloo = gloo_copy_of(ctx.world);
+    ASSERT_FALSE(detail::uses_shared_memory(gloo));
+    at::manual_seed(ctx.rank + 1);
+    for (auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
+      const int64_t element = c10::elementSize(dtype);
+      for (int64_t numel : {int64_t{1}, int64_t{7}, int64_t{10}, int64_t{1001}, (int64_t{2} * n << 20) / element + 1}) {
+        const std::string what = std::string(c10::toString(dtype)) + " numel " + std::to_string(numel);
+        at::Tensor input = at::randn({numel}, at::kDouble).mul_(3).to(dtype);
         for (auto op : {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MAX}) {
           at::Tensor shm_sum = input.clone(), gloo_sum = input.clone();
           all_reduce(shm_sum, op);
           all_reduce(gloo_sum, op, gloo);
-          if (n == 2 || dtype == at::kBFloat16 || op == ReduceOp::MAX)
-            EXPECT_TRUE(at::equal(shm_sum, gloo_sum)) << "all_reduce " << to_string(op) << " " << what;
-          else
-            EXPECT_TRUE(at::allclose(shm_sum, gloo_sum, 1e-5, 1e-5)) << "all_reduce " << to_string(op) << " " << what;
-          at::Tensor everyone = at::empty({n, shm_sum.numel()}, dtype);
+          EXPECT_TRUE(at::equal(shm_sum, gloo_sum))
+              << "all_reduce " << to_string(op) << " " << what << ": "
+              << at::ne(shm_sum, gloo_sum).sum().item<int64_t>() << " elements differ";
+          at::Tensor everyone = at::empty({n, numel}, dtype);
           all_gather_into_tensor(everyone, shm_sum, gloo);
           for (int q = 0; q < n; ++q)
             EXPECT_TRUE(at::equal(everyone[q], shm_sum)) << "rank " << q << "'s all_reduce " << what;
         }
       }
+    }
   });
 }
 
