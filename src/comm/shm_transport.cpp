@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -144,12 +145,20 @@ std::shared_ptr<ShmTransport> make_transport(const ProcessGroupImpl& g) {
     static std::atomic<int> made{0};
     name = "/fsdpp-" + std::to_string(getpid()) + "-" + std::to_string(made++);
     const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    int error = fd >= 0 ? 0 : errno;
     if (fd >= 0) {
       unlink_on_exit.name = name;
       // Reserved now: a full /dev/shm must fail here, not as SIGBUS on first touch.
-      if (posix_fallocate(fd, 0, bytes) == 0) segment = map_segment(fd, bytes);
+      error = posix_fallocate(fd, 0, bytes);
+      if (error == 0) segment = map_segment(fd, bytes);
       close(fd);
     }
+    // Said once: Gloo still carries the bytes, only slower (a container's 64 MiB /dev/shm fits
+    // a few groups).
+    static std::atomic<bool> warned{false};
+    if (!segment && error != 0 && !warned.exchange(true))
+      std::fprintf(stderr, "fsdpp: group %s: no room for its shared-memory transport (%lld bytes in /dev/shm: %s); "
+                   "its collectives go over Gloo\n", g.name.c_str(), static_cast<long long>(bytes), std::strerror(error));
     set_string(*store, "name", segment ? name : "");
   } else {
     name = get_string(*store, "name", g.timeout);

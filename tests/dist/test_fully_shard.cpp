@@ -846,9 +846,9 @@ TEST_P(FullyShardMemory, ReshardFreesUnshardedMemory) {
 }
 
 // Issue 14: a step's peak above what is held between steps. Forward holds the computing unit
-// and the prefetched one (its all-gather output is allocated on the comm thread once the
-// computing unit's is copied out and freed); backward adds the computing unit's full gradients,
-// whose reduce-scatter input is freed on the comm thread before the next prefetch is allocated.
+// and the prefetched one (gathered straight into its parameters, allocated on the comm thread);
+// backward adds the computing unit's full gradients, whose reduce-scatter input is freed on the
+// comm thread before the next prefetch is allocated.
 TEST_P(FullyShardMemory, StepPeakIsBoundedByUnits) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     torch::manual_seed(3);
