@@ -179,8 +179,7 @@ void run_all_gather_into_layout(const ProcessGroupImpl& g, const at::Tensor& out
     });
   const at::Tensor gathered = at::empty({output.numel()}, input.options());
   run_all_gather(g, gathered, input);
-  const auto* from = static_cast<const char*>(gathered.data_ptr());
-  for (int q = 0; q < g.size(); ++q) layout.place(out, q, 0, block, from + q * block * element, element);
+  layout.place_rank_major(out, gathered.data_ptr(), element);
 }
 
 // reduce_scatter in a ring: N-1 steps, each passing one chunk-sized partial sum to the next

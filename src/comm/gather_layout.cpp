@@ -26,4 +26,12 @@ void GatherLayout::place(void* output, int member, int64_t first, int64_t count,
   }
 }
 
+void GatherLayout::place_rank_major(void* output, const void* gathered, size_t element_size) const {
+  const int64_t member_numel = block_numel * blocks_per_member;
+  const auto* from = static_cast<const char*>(gathered);
+  for (int64_t m = 0; m < ranks / blocks_per_member; ++m)
+    place(output, static_cast<int>(m), 0, member_numel, from + m * member_numel * static_cast<int64_t>(element_size),
+          element_size);
+}
+
 }  // namespace fsdpp::detail

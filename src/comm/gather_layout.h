@@ -19,10 +19,14 @@ struct GatherLayout {
   // A member's input is this many consecutive ranks' blocks (FSDP's k-way post-forward shard:
   // member m holds the blocks of ranks m * blocks_per_member, ...).
   int64_t blocks_per_member = 1;
+  int64_t ranks = 1;  // whose blocks it places: ranks / blocks_per_member members
 
   // Copies `count` elements from element `first` of member `member`'s input, found at `source`,
   // to their places in `output`.
   void place(void* output, int member, int64_t first, int64_t count, const void* source, size_t element_size) const;
+  // The same for every member's whole input, from an all_gather_into_tensor output (rank-major).
+  void place_rank_major(void* output, const void* gathered, size_t element_size) const;
+
 };
 
 }  // namespace fsdpp::detail

@@ -15,6 +15,7 @@ GatherLayout UnitFlatLayout::gather_layout(int64_t blocks_per_member) const {
   GatherLayout layout;
   layout.block_numel = shard_numel_;
   layout.blocks_per_member = blocks_per_member;
+  layout.ranks = world_size_;
   for (size_t i = 0; i < shard_offsets_.size(); ++i) {
     const int64_t end = i + 1 < shard_offsets_.size() ? shard_offsets_[i + 1] : shard_numel_;
     layout.pieces.push_back({shard_offsets_[i], end - shard_offsets_[i], unsharded_offset(i)});

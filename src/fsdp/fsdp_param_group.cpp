@@ -1,6 +1,7 @@
 #include "fsdp/fsdp_param_group.h"
 
 #include <functional>
+#include <utility>
 #include <sstream>
 
 #include <c10/core/StorageImpl.h>
@@ -12,6 +13,7 @@
 #include <fsdpp/profiler.h>
 
 #include "comm/chained_collectives.h"
+#include "comm/shm_transport.h"
 #include "fsdp/fsdp_collectives.h"
 #include "fsdp/testing_delays.h"
 #include "memory/allocator_caching.h"
@@ -49,6 +51,8 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> p
     params_.emplace_back(name, p, process_group_);
   }
   check_same_on_all_ranks();
+  // Read once the check's all-reduce decided the group's transport (on its comm thread).
+  gathers_in_place_ = world_size_ == 1 || uses_shared_memory(process_group_);
   flat_ = UnitFlatLayout(params_, world_size_);
   gather_layout_ = std::make_shared<const GatherLayout>(flat_.gather_layout());
   if (post_forward_size_ > 0)
@@ -158,6 +162,13 @@ void allocate_storage(const at::Tensor& t) {
   storage->set_nbytes(nbytes);
 }
 
+// A tensor of `numel` elements without memory yet: allocate_storage gives it some.
+at::Tensor unallocated(int64_t numel, const at::TensorOptions& options) {
+  at::Tensor t = at::empty({0}, options);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
+  return t;
+}
+
 // Frees a tensor's memory now, even while other handles to its storage live on (a collective's
 // closure shares it, and a reduce-scatter's `done` hook frees its input while the closure runs).
 void release_storage(const at::Tensor& t) {
@@ -172,26 +183,47 @@ void FSDPParamGroup::allocate_unsharded() { allocate_storage(unsharded_flat_); }
 void FSDPParamGroup::free_unsharded() { release_storage(unsharded_flat_); }
 
 void FSDPParamGroup::start_all_gather(const at::Tensor& input, const ProcessGroup& group,
-                                      std::shared_ptr<const GatherLayout> layout, const at::Tensor& target) {
-  // The target's memory is allocated on the comm thread when the exchange starts, so a prefetch
-  // queued behind a reduce-scatter does not coexist with that reduce-scatter's input.
+                                      std::shared_ptr<const GatherLayout> layout, bool in_place) {
+  // Memory is allocated on the comm thread when the exchange starts, so a prefetch queued
+  // behind a reduce-scatter does not coexist with that reduce-scatter's input.
   gathering_ = true;
-  all_gather_work_ = detail::all_gather_into_layout(target, input, std::move(layout), group,
-                                                    [target] { allocate_storage(target); });
+  const at::Tensor& target = gathering_full_precision_ ? full_precision_flat_ : unsharded_flat_;
+  if (in_place) {
+    all_gather_work_ = detail::all_gather_into_layout(target, input, std::move(layout), group,
+                                                      [target] { allocate_storage(target); });
+    return;
+  }
+  // Rank-major, placed at the wait: the unit computing meanwhile has resharded by then, so the
+  // output and the parameters never coexist with it (placed on the comm thread, all three would).
+  pending_layout_ = std::move(layout);
+  all_gather_output_ = unallocated(flat_.unsharded_numel(), input.options());
+  all_gather_work_ = detail::all_gather_into_layout(all_gather_output_, input, nullptr, group,
+                                                    [output = all_gather_output_] { allocate_storage(output); });
 }
 
-void FSDPParamGroup::finish_all_gather() {
+void FSDPParamGroup::finish_all_gather(bool keep) {
   gathering_ = false;
-  try {
-    all_gather_work_.wait();
-  } catch (...) {
+  const at::Tensor output = std::exchange(all_gather_output_, at::Tensor());
+  const at::Tensor target = gathering_full_precision_ ? full_precision_flat_ : unsharded_flat_;
+  auto drop = [&] {
+    if (output.defined()) release_storage(output);
     if (gathering_full_precision_)
       full_precision_flat_ = at::Tensor();
     else
       free_unsharded();
     gathering_full_precision_ = false;
+  };
+  try {
+    all_gather_work_.wait();
+  } catch (...) {
+    drop();
     throw;
   }
+  if (!keep) return drop();
+  if (!output.defined()) return;
+  allocate_storage(target);
+  pending_layout_->place_rank_major(target.data_ptr(), output.data_ptr(), output.element_size());
+  release_storage(output);
 }
 
 void FSDPParamGroup::unshard(UnshardFor purpose) {
@@ -202,7 +234,7 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
   if (purpose != UnshardFor::kBackward) drop_post_forward_shard();
   testing_delay(testing_delays().before_all_gather_ms);
   if (post_forward_shard_.defined()) {
-    start_all_gather(post_forward_shard_, post_forward_group_, post_forward_gather_layout_, unsharded_flat_);
+    start_all_gather(post_forward_shard_, post_forward_group_, post_forward_gather_layout_, /*in_place=*/false);
     return;
   }
   // Optimizer steps write into the shards in place; a user's set_data is folded back here.
@@ -216,7 +248,7 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
   const at::Tensor input = gathering_full_precision_ ? sharded_flat_.to(compute_device_)
                                                      : sharded_flat_.to(compute_options(), /*non_blocking=*/sharded_flat_.is_pinned());
   if (gathering_full_precision_) full_precision_flat_ = at::empty({flat_.unsharded_numel()}, input.options());
-  start_all_gather(input, process_group_, gather_layout_, gathering_full_precision_ ? full_precision_flat_ : unsharded_flat_);
+  start_all_gather(input, process_group_, gather_layout_, gathers_in_place_);
 }
 
 void FSDPParamGroup::drop_post_forward_shard() {
@@ -255,7 +287,7 @@ void FSDPParamGroup::wait_for_unshard() {
   if (unsharded_) return;
   profiler::record_function span(profiler::detail::span_name("FSDP::wait_for_unshard", trace_name_));
   if (!gathering_) unshard();
-  finish_all_gather();
+  finish_all_gather(/*keep=*/true);
   at::NoGradGuard no_grad;
   if (gathering_full_precision_) {
     gathering_full_precision_ = false;
@@ -337,13 +369,7 @@ std::vector<at::Tensor> FSDPParamGroup::local_rows_from_flat(const ShardedTensor
 }
 
 void FSDPParamGroup::drop_pending_unshard() {
-  if (!gathering_) return;
-  finish_all_gather();
-  if (gathering_full_precision_)
-    full_precision_flat_ = at::Tensor();
-  else
-    free_unsharded();
-  gathering_full_precision_ = false;
+  if (gathering_) finish_all_gather(/*keep=*/false);
 }
 
 void FSDPParamGroup::reshard() {

@@ -137,12 +137,13 @@ class FSDPParamGroup {
   std::vector<ShardMetadata> flat_shards_metadata() const;
   void allocate_unsharded();
   void free_unsharded();
-  // Issues the gather of `input` over `group` straight into `target` (the unsharded flat, or
-  // full_precision_flat_), whose memory is allocated when the exchange starts.
+  // Issues the gather of `input` over `group` into the unsharded flat (or full_precision_flat_),
+  // in place (each rank's chunks straight to their places) or through a rank-major output.
   void start_all_gather(const at::Tensor& input, const ProcessGroup& group,
-                        std::shared_ptr<const GatherLayout> layout, const at::Tensor& target);
-  // Waits for the gather in flight; if it failed, frees what it was filling and rethrows.
-  void finish_all_gather();
+                        std::shared_ptr<const GatherLayout> layout, bool in_place);
+  // Waits for the gather in flight and, with `keep`, places a rank-major output; without, or
+  // if the gather failed (then rethrown), frees what it was filling.
+  void finish_all_gather(bool keep);
   void drop_post_forward_shard();
 
   std::string unit_name_;
@@ -171,8 +172,13 @@ class FSDPParamGroup {
   ProcessGroup post_forward_group_;
   at::Tensor post_forward_shard_;
 
+  // In place over shared memory (the peers' bytes are placed from the segment) and on one rank;
+  // over Gloo through a rank-major output placed at the wait (a peer's block is one message).
+  bool gathers_in_place_ = false;
   Work all_gather_work_;
-  bool gathering_ = false;  // all_gather_work_ is in flight into the unsharded (or full-precision) flat
+  bool gathering_ = false;  // all_gather_work_ is in flight
+  at::Tensor all_gather_output_;  // rank-major, when not in place
+  std::shared_ptr<const GatherLayout> pending_layout_;
 
   Work reduce_scatter_work_;
   at::Tensor reduce_scatter_input_;

@@ -16,8 +16,8 @@ GatherLayout three_params(int64_t blocks_per_member) {
   GatherLayout layout;
   layout.block_numel = 5;
   layout.blocks_per_member = blocks_per_member;
-  const int64_t ranks = 4;
-  layout.pieces = {{0, 3, 0}, {3, 0, 3 * ranks}, {3, 2, 3 * ranks}};
+  layout.ranks = 4;
+  layout.pieces = {{0, 3, 0}, {3, 0, 3 * layout.ranks}, {3, 2, 3 * layout.ranks}};
   return layout;
 }
 
@@ -60,6 +60,19 @@ TEST(GatherLayout, PiecesOfAnyLengthLandTheSame) {
                      sizeof(int32_t));
     }
     EXPECT_EQ(out, unsharded_of_four_ranks()) << "pieces of " << piece;
+  }
+}
+
+TEST(GatherLayout, PlacesARankMajorGather) {
+  for (int64_t per_member : {1, 2, 4}) {
+    std::vector<int32_t> gathered;
+    for (int r = 0; r < 4; ++r) {
+      const std::vector<int32_t> block = block_of(r);
+      gathered.insert(gathered.end(), block.begin(), block.end());
+    }
+    std::vector<int32_t> out(20, -1);
+    three_params(per_member).place_rank_major(out.data(), gathered.data(), sizeof(int32_t));
+    EXPECT_EQ(out, unsharded_of_four_ranks()) << per_member << " ranks' blocks per member";
   }
 }
 
