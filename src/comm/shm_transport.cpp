@@ -157,7 +157,7 @@ std::shared_ptr<ShmTransport> make_transport(const ProcessGroupImpl& g) {
     // a few groups).
     static std::atomic<bool> warned{false};
     if (!segment && error != 0 && !warned.exchange(true))
-      std::fprintf(stderr, "fsdpp: group %s: no room for its shared-memory transport (%lld bytes in /dev/shm: %s); "
+      std::fprintf(stderr, "fsdpp: group %s: cannot reserve its shared-memory segment (%lld bytes in /dev/shm: %s); "
                    "its collectives go over Gloo\n", g.name.c_str(), static_cast<long long>(bytes), std::strerror(error));
     set_string(*store, "name", segment ? name : "");
   } else {

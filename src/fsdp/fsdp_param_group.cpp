@@ -184,21 +184,17 @@ void FSDPParamGroup::free_unsharded() { release_storage(unsharded_flat_); }
 
 void FSDPParamGroup::start_all_gather(const at::Tensor& input, const ProcessGroup& group,
                                       std::shared_ptr<const GatherLayout> layout, bool in_place) {
+  // Not in place: rank-major, placed at the wait. The unit computing meanwhile has resharded by
+  // then, so that output and the parameters never coexist with it (placed on the comm thread,
+  // all three would).
+  const at::Tensor& target = gathering_full_precision_ ? full_precision_flat_ : unsharded_flat_;
+  if (!in_place) all_gather_output_ = unallocated(flat_.unsharded_numel(), input.options());
+  const at::Tensor destination = in_place ? target : all_gather_output_;
   // Memory is allocated on the comm thread when the exchange starts, so a prefetch queued
   // behind a reduce-scatter does not coexist with that reduce-scatter's input.
+  all_gather_work_ = detail::all_gather_into_layout(destination, input, in_place ? std::move(layout) : nullptr, group,
+                                                    [destination] { allocate_storage(destination); });
   gathering_ = true;
-  const at::Tensor& target = gathering_full_precision_ ? full_precision_flat_ : unsharded_flat_;
-  if (in_place) {
-    all_gather_work_ = detail::all_gather_into_layout(target, input, std::move(layout), group,
-                                                      [target] { allocate_storage(target); });
-    return;
-  }
-  // Rank-major, placed at the wait: the unit computing meanwhile has resharded by then, so the
-  // output and the parameters never coexist with it (placed on the comm thread, all three would).
-  pending_layout_ = std::move(layout);
-  all_gather_output_ = unallocated(flat_.unsharded_numel(), input.options());
-  all_gather_work_ = detail::all_gather_into_layout(all_gather_output_, input, nullptr, group,
-                                                    [output = all_gather_output_] { allocate_storage(output); });
 }
 
 void FSDPParamGroup::finish_all_gather(bool keep) {
@@ -206,7 +202,6 @@ void FSDPParamGroup::finish_all_gather(bool keep) {
   const at::Tensor output = std::exchange(all_gather_output_, at::Tensor());
   const at::Tensor target = gathering_full_precision_ ? full_precision_flat_ : unsharded_flat_;
   auto drop = [&] {
-    if (output.defined()) release_storage(output);
     if (gathering_full_precision_)
       full_precision_flat_ = at::Tensor();
     else
@@ -215,15 +210,18 @@ void FSDPParamGroup::finish_all_gather(bool keep) {
   };
   try {
     all_gather_work_.wait();
+    if (keep && output.defined()) {
+      allocate_storage(target);
+      const auto& layout = post_forward_shard_.defined() ? post_forward_gather_layout_ : gather_layout_;
+      layout->place_rank_major(target.data_ptr(), output.data_ptr(), output.element_size());
+    }
   } catch (...) {
+    if (output.defined()) release_storage(output);
     drop();
     throw;
   }
-  if (!keep) return drop();
-  if (!output.defined()) return;
-  allocate_storage(target);
-  pending_layout_->place_rank_major(target.data_ptr(), output.data_ptr(), output.element_size());
-  release_storage(output);
+  if (output.defined()) release_storage(output);
+  if (!keep) drop();
 }
 
 void FSDPParamGroup::unshard(UnshardFor purpose) {
@@ -247,7 +245,8 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
   gathering_full_precision_ = purpose == UnshardFor::kFullPrecision && dtype != sharded_flat_.scalar_type();
   const at::Tensor input = gathering_full_precision_ ? sharded_flat_.to(compute_device_)
                                                      : sharded_flat_.to(compute_options(), /*non_blocking=*/sharded_flat_.is_pinned());
-  if (gathering_full_precision_) full_precision_flat_ = at::empty({flat_.unsharded_numel()}, input.options());
+  // Its memory comes when the exchange starts (in place) or at the wait.
+  if (gathering_full_precision_) full_precision_flat_ = unallocated(flat_.unsharded_numel(), input.options());
   start_all_gather(input, process_group_, gather_layout_, gathers_in_place_);
 }
 

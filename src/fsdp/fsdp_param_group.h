@@ -173,12 +173,12 @@ class FSDPParamGroup {
   at::Tensor post_forward_shard_;
 
   // In place over shared memory (the peers' bytes are placed from the segment) and on one rank;
-  // over Gloo through a rank-major output placed at the wait (a peer's block is one message).
+  // over Gloo, and from a k-way post-forward shard, through a rank-major output placed at the
+  // wait (over Gloo a peer's block is one message).
   bool gathers_in_place_ = false;
   Work all_gather_work_;
   bool gathering_ = false;  // all_gather_work_ is in flight
   at::Tensor all_gather_output_;  // rank-major, when not in place
-  std::shared_ptr<const GatherLayout> pending_layout_;
 
   Work reduce_scatter_work_;
   at::Tensor reduce_scatter_input_;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -34,7 +35,8 @@ struct MemorySample {
   long long bytes;
 };
 
-std::mutex g_mutex;
+// Never destroyed, as g_memory below.
+std::mutex& g_mutex = *new std::mutex;
 std::vector<RecordedEvent> g_events;
 // Never destroyed: tensors freed during static destruction still report to it while recording.
 std::vector<MemorySample>& g_memory = *new std::vector<MemorySample>;
@@ -77,9 +79,8 @@ void record(Event event) {
 
 void record_memory(long long bytes) {
   if (!recording_memory()) return;
-  const long long now = now_us();
   std::lock_guard<std::mutex> lock(g_mutex);
-  g_memory.push_back({now, bytes});
+  g_memory.push_back({now_us(), bytes});
 }
 
 }  // namespace detail
@@ -127,7 +128,10 @@ void export_chrome_trace(const std::string& path) {
       }
       events.push_back(std::move(out));
     }
-    // A counter track (ph "C"): Perfetto draws it as a graph of the process's memory.
+    // A counter track (ph "C"): Perfetto draws it as a graph of the process's memory. Threads
+    // take their sample's value before the lock, so order them by time.
+    std::stable_sort(detail::g_memory.begin(), detail::g_memory.end(),
+                     [](const auto& a, const auto& b) { return a.time_us < b.time_us; });
     for (const auto& m : detail::g_memory)
       events.push_back({{"name", "memory"}, {"ph", "C"}, {"ts", m.time_us}, {"pid", pid},
                         {"args", {{"allocated MiB", static_cast<double>(m.bytes) / (1 << 20)}, {"bytes", m.bytes}}}});

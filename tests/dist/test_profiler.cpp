@@ -185,8 +185,8 @@ TEST_P(ProfilerTest, MemoryCounterReachesTheStepsPeak) {
     const auto options = FullyShardOptions();
     FSDPSequential model(make_multi_group(true, options), options);
     model->forward(torch::randn({4, 7})).sum().backward();  // lazy initialization is not the step
-    profiler::start(profiler::ProfilerOptions().profile_memory(true));
     reset_peak_memory_stats();
+    profiler::start(profiler::ProfilerOptions().profile_memory(true));
     const int64_t allocations = memory_stats().num_allocations;
     model->forward(torch::randn({4, 7})).sum().backward();
     profiler::stop();
