@@ -182,6 +182,17 @@ void run_all_gather_into_layout(const ProcessGroupImpl& g, const at::Tensor& out
   layout.place_rank_major(out, gathered.data_ptr(), element);
 }
 
+// into = a op b for SUM, AVG (a sum; the division is the caller's), MIN and MAX. Operand order
+// matters for the bits of a sum's NaN payloads only, and each caller keeps its algorithm's.
+void combine_into(ReduceOp op, at::Tensor into, const at::Tensor& a, const at::Tensor& b) {
+  if (op == ReduceOp::MIN)
+    at::minimum_out(into, a, b);
+  else if (op == ReduceOp::MAX)
+    at::maximum_out(into, a, b);
+  else
+    at::add_out(into, a, b);
+}
+
 // reduce_scatter in a ring: N-1 steps, each passing one chunk-sized partial sum to the next
 // rank, so a rank sends (N-1)/N of the input (allreduce-then-slice would send twice that).
 // Chunks travel in segments of at most 1 MiB, like Gloo's own ring, so adding one segment
@@ -197,11 +208,7 @@ void ring_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, co
   auto seg = [&](const at::Tensor& t, int64_t i) {
     return t.narrow(0, i * segment, std::min(segment, chunk_numel - i * segment));
   };
-  auto combine = [op](at::Tensor into, const at::Tensor& a, const at::Tensor& b) {
-    if (op == ReduceOp::MIN) at::minimum_out(into, a, b);
-    else if (op == ReduceOp::MAX) at::maximum_out(into, a, b);
-    else at::add_out(into, a, b);
-  };
+  auto combine = [op](const at::Tensor& into, const at::Tensor& a, const at::Tensor& b) { combine_into(op, into, a, b); };
   auto post_send = [&](const at::Tensor& t, int64_t i, int step, std::vector<c10::intrusive_ptr<c10d::Work>>& sends) {
     std::vector<at::Tensor> v{as_wire(seg(t, i))};
     sends.push_back(g.backend->send(v, next, static_cast<int>(step * segments + i)));
@@ -266,9 +273,7 @@ detail::ShmTransport::Combine shm_combine(const ProcessGroupImpl& g, ReduceOp op
     for (int step = 1; step < n; ++step) {
       const at::Tensor& partial = step == 1 ? pieces[(r + 1) % n] : target;
       const at::Tensor& own = pieces[(r + step + 1) % n];
-      if (op == ReduceOp::MIN) at::minimum_out(target, partial, own);
-      else if (op == ReduceOp::MAX) at::maximum_out(target, partial, own);
-      else at::add_out(target, partial, own);
+      combine_into(op, target, partial, own);
     }
   };
 }
@@ -280,7 +285,7 @@ detail::ShmTransport::Combine shm_combine(const ProcessGroupImpl& g, ReduceOp op
 detail::ShmTransport::PlacedCombine shm_all_reduce_combine(const ProcessGroupImpl& g, ReduceOp op,
                                                            const at::Tensor& tensor) {
   const int n = g.size();
-  if (is_half(tensor.scalar_type()) && !gloo_can_reduce(tensor.scalar_type()))
+  if (tensor.scalar_type() == at::kBFloat16)  // the one dtype Gloo cannot reduce
     return [all_at_once = shm_combine(g, op, /*half=*/true)](int64_t, const std::vector<at::Tensor>& pieces,
                                                              const at::Tensor& target) {
       all_at_once(pieces, target);
@@ -296,9 +301,7 @@ detail::ShmTransport::PlacedCombine shm_all_reduce_combine(const ProcessGroupImp
       // Gloo adds its own values to the partial sum it received: own + partial.
       for (int k = 1; k < n; ++k) {
         const at::Tensor own = piece(k), partial = k == 1 ? piece(0) : target;
-        if (op == ReduceOp::MIN) at::minimum_out(target, own, partial);
-        else if (op == ReduceOp::MAX) at::maximum_out(target, own, partial);
-        else at::add_out(target, own, partial);
+        combine_into(op, target, own, partial);
       }
       done += len;
     }
