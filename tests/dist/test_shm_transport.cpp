@@ -38,14 +38,21 @@ ProcessGroup gloo_copy_of(const ProcessGroup& world) {
   return gloo;
 }
 
+// Lets the world group decide on shared memory and returns a Gloo group over the same ranks
+// (each rank seeded apart).
+ProcessGroup shared_memory_world_and_gloo_copy(RankContext& ctx) {
+  all_gather_into_tensor(at::empty({ctx.world_size}), at::zeros({1}));
+  ProcessGroup gloo = gloo_copy_of(ctx.world);
+  at::manual_seed(ctx.rank + 1);
+  return gloo;
+}
+
 TEST_P(SharedMemoryTransport, SameBitsAsGloo) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     const int n = ctx.world_size;
-    all_gather_into_tensor(at::empty({n}), at::zeros({1}));
+    const ProcessGroup gloo = shared_memory_world_and_gloo_copy(ctx);
     ASSERT_TRUE(detail::uses_shared_memory(ctx.world));
-    ProcessGroup gloo = gloo_copy_of(ctx.world);
     ASSERT_FALSE(detail::uses_shared_memory(gloo));
-    at::manual_seed(ctx.rank + 1);
     // 600,001 floats per rank's chunk span several 2 MiB rounds, and end in a partial one.
     for (auto dtype : {at::kFloat, at::kBFloat16})
       for (int64_t chunk : {1, 1001, 600001}) {
@@ -83,11 +90,9 @@ TEST_P(SharedMemoryTransport, SameBitsAsGloo) {
 TEST_P(SharedMemoryTransport, AllReduceSameBitsAsGloo) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     const int n = ctx.world_size;
-    all_gather_into_tensor(at::empty({n}), at::zeros({1}));
+    const ProcessGroup gloo = shared_memory_world_and_gloo_copy(ctx);
     ASSERT_TRUE(detail::uses_shared_memory(ctx.world));
-    ProcessGroup gloo = gloo_copy_of(ctx.world);
     ASSERT_FALSE(detail::uses_shared_memory(gloo));
-    at::manual_seed(ctx.rank + 1);
     for (auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
       const int64_t element = c10::elementSize(dtype);
       for (int64_t numel : {int64_t{1}, int64_t{7}, int64_t{10}, int64_t{1001}, (int64_t{2} * n << 20) / element + 1}) {
