@@ -14,6 +14,15 @@
 
 namespace fsdpp::detail {
 
+// How Gloo's ring all_reduce cuts a buffer of `bytes` bytes of `element_size`-byte elements over
+// `size` ranks: `segments` segments of `segment_bytes` each (the last ones may be short or
+// empty), segments / size of them per chunk.
+struct GlooRingSegments {
+  int64_t segments = 0;
+  int64_t segment_bytes = 0;
+};
+GlooRingSegments gloo_ring_segments(int64_t bytes, int64_t element_size, int size);
+
 // Elements per chunk of Gloo's ring all_reduce of `numel` elements of `element_size` bytes over
 // `size` ranks: element e belongs to chunk e / gloo_ring_chunk_numel(...) (the last chunks may
 // be short or empty).

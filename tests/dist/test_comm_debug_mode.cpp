@@ -93,6 +93,8 @@ TEST_P(CommDebugModeTest, CountedBytesAreWhatTheKernelSent) {
     const int64_t n = ctx.world_size;
     at::Tensor full = at::ones({1000003 / n * n}), shard = at::ones({1000003 / n});
     at::Tensor bf = at::ones({1000003}, at::kBFloat16);
+    // Over 2N MiB Gloo's ring cuts more than 2N segments, and their size from their number.
+    at::Tensor large = at::ones({2500007});
     auto check = [&](const char* what, auto&& call) {
       CommDebugMode mode;
       const int64_t before = kernel_bytes_written();
@@ -108,6 +110,7 @@ TEST_P(CommDebugModeTest, CountedBytesAreWhatTheKernelSent) {
     check("all_gather_into_tensor", [&] { all_gather_into_tensor(full, shard); });
     check("reduce_scatter_tensor", [&] { reduce_scatter_tensor(shard, full); });
     check("all_reduce float32", [&] { all_reduce(full); });
+    check("all_reduce float32 of more than 2N MiB", [&] { all_reduce(large); });
     check("all_reduce bfloat16", [&] { all_reduce(bf); });
     check("broadcast", [&] { broadcast(full, 0); });
   }, options);
