@@ -27,12 +27,14 @@ namespace fsdpp::detail {
 Work all_reduce_after(const Work& after, const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group,
                       std::function<void()> prepare = {});
 
-// all_gather_into_tensor(output, input, group, /*async_op=*/true), except that each rank's
-// input lands where `layout` puts it (FSDP's unsharded parameter-major layout; null: rank-major)
-// and that the comm thread runs `prepare` right before the exchange: FSDP allocates `output`'s
-// memory there, so a prefetch's buffer does not exist while the collectives queued before it
-// still hold theirs. `output` only needs its sizes until then. Counted, numbered and checked as
-// all_gather_into_tensor.
+// all_gather_into_tensor(output, input, group, /*async_op=*/true) (rank-major), except that the
+// comm thread runs `prepare` right before the exchange: FSDP allocates `output`'s memory there,
+// so a prefetch's buffer does not exist while the collectives queued before it still hold
+// theirs. `output` only needs its sizes until then.
+Work all_gather_into_tensor_prepared(const at::Tensor& output, const at::Tensor& input, const ProcessGroup& group,
+                                     std::function<void()> prepare);
+// The same, except that each rank's input lands where `layout` (not null) puts it: FSDP's
+// unsharded parameter-major layout. Counted, numbered and checked as all_gather_into_tensor.
 Work all_gather_into_layout(const at::Tensor& output, const at::Tensor& input, std::shared_ptr<const GatherLayout> layout,
                             const ProcessGroup& group, std::function<void()> prepare);
 

@@ -569,9 +569,15 @@ Work all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input, c
 
 namespace detail {
 
+Work all_gather_into_tensor_prepared(const at::Tensor& output, const at::Tensor& input, const ProcessGroup& group,
+                                     std::function<void()> prepare) {
+  return all_gather_into_tensor_impl(output, input, group, /*async_op=*/true, std::move(prepare));
+}
+
 Work all_gather_into_layout(const at::Tensor& output, const at::Tensor& input,
                             std::shared_ptr<const GatherLayout> layout, const ProcessGroup& group,
                             std::function<void()> prepare) {
+  if (!layout) throw Error("all_gather_into_layout: no layout (all_gather_into_tensor_prepared gathers rank-major)");
   return all_gather_into_tensor_impl(output, input, group, /*async_op=*/true, std::move(prepare), std::move(layout));
 }
 

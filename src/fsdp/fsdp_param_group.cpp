@@ -192,8 +192,9 @@ void FSDPParamGroup::start_all_gather(const at::Tensor& input, const ProcessGrou
   const at::Tensor destination = in_place ? target : all_gather_output_;
   // Memory is allocated on the comm thread when the exchange starts, so a prefetch queued
   // behind a reduce-scatter does not coexist with that reduce-scatter's input.
-  all_gather_work_ = detail::all_gather_into_layout(destination, input, in_place ? std::move(layout) : nullptr, group,
-                                                    [destination] { allocate_storage(destination); });
+  auto allocate = [destination] { allocate_storage(destination); };
+  all_gather_work_ = in_place ? detail::all_gather_into_layout(destination, input, std::move(layout), group, allocate)
+                              : detail::all_gather_into_tensor_prepared(destination, input, group, allocate);
   gathering_ = true;
 }
 
@@ -299,8 +300,9 @@ void FSDPParamGroup::wait_for_unshard() {
 
 std::vector<at::Tensor> FSDPParamGroup::full_values() const {
   at::NoGradGuard no_grad;
-  // One rank's sharded flat is its unsharded flat.
-  at::Tensor unsharded = sharded_flat_.to(compute_device_);
+  // The values are views of one buffer of their own (no second copy of the unit): on one rank a
+  // copy of the sharded flat, which is the unsharded flat.
+  at::Tensor unsharded = sharded_flat_.to(compute_device_, /*non_blocking=*/false, /*copy=*/world_size_ == 1);
   if (world_size_ > 1) {
     at::Tensor input = std::move(unsharded);
     unsharded = at::empty({flat_.unsharded_numel()}, input.options());
@@ -309,7 +311,7 @@ std::vector<at::Tensor> FSDPParamGroup::full_values() const {
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& p = params_[i];
-    out.push_back(unsharded.narrow(0, flat_.unsharded_offset(i), p.numel()).view(p.unsharded_size()).clone());
+    out.push_back(unsharded.narrow(0, flat_.unsharded_offset(i), p.numel()).view(p.unsharded_size()));
   }
   return out;
 }

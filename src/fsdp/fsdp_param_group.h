@@ -102,8 +102,8 @@ class FSDPParamGroup {
   // Waits for and drops an all-gather nobody used (a prefetch for a unit that did not run).
   void drop_pending_unshard();
 
-  // For state dicts. Each parameter's full value (a copy), by the unit's own all-gather
-  // into a buffer of its own: the unit's state does not change. Collective.
+  // For state dicts. Each parameter's full value (a copy: views of one buffer of their own, which
+  // the unit's own all-gather fills): the unit's state does not change. Collective.
   std::vector<at::Tensor> full_values() const;
   // The LOCAL state dict's flat parameter: the parameters flattened and concatenated, each
   // parameter's rows on the rank that holds them (a copy of this rank's). No communication.

@@ -893,6 +893,32 @@ TEST_P(FullyShardMemory, StepPeakIsBoundedByUnits) {
   });
 }
 
+// full_parameters() (what FULL state dicts gather, unit by unit) gathers the unit into a buffer
+// of its own and returns views of it: one unit at its peak, not the buffer and a copy of it; the
+// values are copies (writing them leaves the model as it was), equal to the unsharded model's.
+TEST_P(FullyShardMemory, FullParametersHoldOneUnit) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    torch::manual_seed(0);
+    Linear plain(256, 129);
+    torch::manual_seed(0);
+    FSDPLinear model(Linear(256, 129));
+    const int64_t unsharded_bytes = model->unsharded_padded_numel() * 4;
+    const int64_t base = memory_stats().current_bytes;
+    reset_peak_memory_stats();
+    std::vector<at::Tensor> full = model->full_parameters();
+    EXPECT_LT(memory_stats().peak_bytes - base, unsharded_bytes + unsharded_bytes / 8) << "rank " << ctx.rank;
+    ASSERT_EQ(full.size(), 2u);
+    EXPECT_TRUE(at::equal(full[0], plain->weight.detach())) << "rank " << ctx.rank;
+    EXPECT_TRUE(at::equal(full[1], plain->bias.detach())) << "rank " << ctx.rank;
+    for (auto& t : full) t.fill_(7);
+    std::vector<at::Tensor> again = model->full_parameters();
+    EXPECT_TRUE(at::equal(again[0], plain->weight.detach())) << "the model's values are untouched, rank " << ctx.rank;
+    full.clear();
+    again.clear();
+    EXPECT_LT(memory_stats().current_bytes - base, unsharded_bytes / 8) << "nothing stays allocated";
+  });
+}
+
 FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardMemory);
 
 // ---------------------------------------------------------------------------------------------
