@@ -164,10 +164,17 @@ std::shared_ptr<ShmTransport> make_transport(const ProcessGroupImpl& g) {
     name = get_string(*store, "name", g.timeout);
     if (!name.empty()) {
       const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+      int error = fd >= 0 ? 0 : errno;
       if (fd >= 0) {
         segment = map_segment(fd, bytes);
+        if (!segment) error = errno;
         close(fd);
       }
+      // Rank 0 made the segment, so this rank's failure alone sends the group to Gloo: say so.
+      if (!segment)
+        std::fprintf(stderr, "fsdpp: group %s: rank %d cannot map its shared-memory segment %s (%lld bytes: %s); "
+                     "its collectives go over Gloo\n", g.name.c_str(), g.rank, name.c_str(),
+                     static_cast<long long>(bytes), std::strerror(error));
     }
   }
   set_string(*store, "mapped/" + std::to_string(g.rank), segment ? "1" : "0");
