@@ -225,6 +225,44 @@ OptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torc
   auto by_impl = params_by_impl(layout);
   const auto& names = traits.entries;
 
+  // The ranks agree, for each sharded parameter, on whether it has a state (a rank holding no
+  // rows may have none), on its step and on which tensors exist, so that every rank joins the
+  // same gathers below: one MAX all_reduce per process group, over all its parameters at once.
+  std::vector<std::vector<int64_t>> agreed;  // per sharded parameter, in the loop's order
+  {
+    struct GroupFlags {
+      const ProcessGroup* group;
+      std::vector<size_t> members;  // indices into `agreed`
+    };
+    std::vector<GroupFlags> groups;
+    for (size_t g = 0; g < optim.param_groups().size(); ++g)
+      for (size_t i = 0; i < optim.param_groups()[g].params().size(); ++i) {
+        const at::Tensor& p = optim.param_groups()[g].params()[i];
+        const detail::ModelEntry& e = *info_of(by_impl, p, g, i, api).entry;
+        if (!e.layout) continue;
+        const OptimizerParamState* st = detail::find_param_state(optim, p);
+        std::vector<int64_t> flags{st ? 1 : 0, st ? traits.step(*st) : 0};
+        for (const auto& t : st ? traits.tensors(*st) : std::vector<at::Tensor>(names.size()))
+          flags.push_back(t.defined() ? 1 : 0);
+        auto it = std::find_if(groups.begin(), groups.end(),
+                               [&](const GroupFlags& f) { return &f.group->impl() == &group_of(e).impl(); });
+        if (it == groups.end()) it = groups.insert(groups.end(), GroupFlags{&group_of(e), {}});
+        it->members.push_back(agreed.size());
+        agreed.push_back(std::move(flags));
+      }
+    for (const GroupFlags& f : groups) {
+      if (f.group->size() == 1) continue;
+      std::vector<int64_t> all;
+      for (size_t k : f.members) all.insert(all.end(), agreed[k].begin(), agreed[k].end());
+      at::Tensor t = at::tensor(all, at::kLong);
+      all_reduce(t, ReduceOp::MAX, *f.group);
+      const int64_t* v = t.data_ptr<int64_t>();
+      for (size_t k : f.members)
+        for (auto& flag : agreed[k]) flag = *v++;
+    }
+  }
+  size_t next_agreed = 0;
+
   OptimizerStateDict sd;
   sd.type = full ? StateDictType::FULL_STATE_DICT : StateDictType::SHARDED_STATE_DICT;
   for (size_t g = 0; g < optim.param_groups().size(); ++g) {
@@ -240,19 +278,14 @@ OptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torc
       std::vector<at::Tensor> tensors = st ? traits.tensors(*st) : std::vector<at::Tensor>(names.size());
       int64_t step = st ? traits.step(*st) : 0;
       if (e.layout) {
-        // The ranks agree on which entries exist (a rank holding no rows may have none) and on
-        // the step, so every rank joins the same gathers.
-        std::vector<int64_t> flags{st ? 1 : 0, step};
-        for (const auto& t : tensors) flags.push_back(t.defined() ? 1 : 0);
-        at::Tensor agreed = at::tensor(flags, at::kLong);
-        if (group_of(e).size() > 1) all_reduce(agreed, ReduceOp::MAX, group_of(e));
-        if (agreed[0].item<int64_t>() == 0) continue;
-        step = agreed[1].item<int64_t>();
+        const std::vector<int64_t>& flags = agreed[next_agreed++];
+        if (flags[0] == 0) continue;
+        step = flags[1];
         const int rank = group_of(e).rank();
         StateDict entries;
         if (traits.has_step) entries.insert("step", at::scalar_tensor(step, at::kLong));
         for (size_t j = 0; j < names.size(); ++j) {
-          if (agreed[2 + static_cast<int64_t>(j)].item<int64_t>() == 0) continue;
+          if (flags[2 + j] == 0) continue;
           const TensorLayout& layout = *e.layout;
           at::Tensor local = tensors[j].defined()
                                  ? tensors[j]

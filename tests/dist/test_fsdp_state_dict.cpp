@@ -19,6 +19,7 @@
 #include <torch/torch.h>
 
 #include <fsdpp/collectives.h>
+#include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/error.h>
 #include <fsdpp/fully_shard.h>
 #include <fsdpp/optim_state_dict.h>
@@ -973,7 +974,11 @@ TEST_P(FSDPStateDict, OptimizerStateDictFullAndSharded) {
       }
       // SHARDED: each FSDP parameter's state as its rows; round trip into a fresh optimizer
       // continues exactly as the original.
+      // The ranks agree on which states exist with one all_reduce per process group (all units
+      // here shard over the world), not one per parameter.
+      CommDebugMode comm;
       OptimizerStateDict sharded = get_optimizer_state_dict(*net.module, opt);
+      EXPECT_EQ(comm.count("all_reduce"), ctx.world_size > 1 ? 1 : 0) << name_of(wrap);
       const auto& exp_avg = sharded.state.at("3.weight").at("exp_avg");
       ASSERT_TRUE(exp_avg.is_sharded());
       EXPECT_TRUE(at::equal(exp_avg.sharded_tensor().full_tensor(), osd.state.at("3.weight").at("exp_avg").tensor()));
