@@ -205,7 +205,8 @@ class FSDPModule : public torch::nn::Module {
   // The parameters this unit shards, in its order.
   std::vector<ShardedParameter> sharded_parameters() const;
   // Their full values (copies, in the same order), by the unit's own all-gather; the unit stays
-  // as it was. Collective over the unit's group.
+  // as it was. Collective over the unit's group. The values are views of one buffer (the unit's
+  // gathered copy), which lives while any of them does; clone() one to keep it alone.
   std::vector<at::Tensor> full_parameters() const;
   // The LOCAL state dict's value of this unit: its parameters flattened and concatenated
   // (global size: their total numel), each parameter's rows on the rank that holds them.

@@ -150,7 +150,7 @@ std::shared_ptr<ShmTransport> make_transport(const ProcessGroupImpl& g) {
       unlink_on_exit.name = name;
       // Reserved now: a full /dev/shm must fail here, not as SIGBUS on first touch.
       error = posix_fallocate(fd, 0, bytes);
-      if (error == 0) segment = map_segment(fd, bytes);
+      if (error == 0 && !(segment = map_segment(fd, bytes))) error = errno;
       close(fd);
     }
     // Said once: Gloo still carries the bytes, only slower (a container's 64 MiB /dev/shm fits
@@ -170,8 +170,10 @@ std::shared_ptr<ShmTransport> make_transport(const ProcessGroupImpl& g) {
         if (!segment) error = errno;
         close(fd);
       }
-      // Rank 0 made the segment, so this rank's failure alone sends the group to Gloo: say so.
-      if (!segment)
+      // Rank 0 made the segment, so this rank's failure alone sends the group to Gloo: say so,
+      // once (a mesh makes many groups).
+      static std::atomic<bool> warned{false};
+      if (!segment && !warned.exchange(true))
         std::fprintf(stderr, "fsdpp: group %s: rank %d cannot map its shared-memory segment %s (%lld bytes: %s); "
                      "its collectives go over Gloo\n", g.name.c_str(), g.rank, name.c_str(),
                      static_cast<long long>(bytes), std::strerror(error));

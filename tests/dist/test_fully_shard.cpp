@@ -894,8 +894,9 @@ TEST_P(FullyShardMemory, StepPeakIsBoundedByUnits) {
 }
 
 // full_parameters() (what FULL state dicts gather, unit by unit) gathers the unit into a buffer
-// of its own and returns views of it: one unit at its peak, not the buffer and a copy of it; the
-// values are copies (writing them leaves the model as it was), equal to the unsharded model's.
+// of its own and returns views of it: one unit at its peak over shared memory (and on one rank),
+// not the buffer and a copy of it; over Gloo the exchange's rank-major staging adds one more.
+// The values are copies (writing them leaves the model as it was), equal to the unsharded model's.
 TEST_P(FullyShardMemory, FullParametersHoldOneUnit) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     torch::manual_seed(0);
@@ -906,7 +907,9 @@ TEST_P(FullyShardMemory, FullParametersHoldOneUnit) {
     const int64_t base = memory_stats().current_bytes;
     reset_peak_memory_stats();
     std::vector<at::Tensor> full = model->full_parameters();
-    EXPECT_LT(memory_stats().peak_bytes - base, unsharded_bytes + unsharded_bytes / 8) << "rank " << ctx.rank;
+    const bool staged = ctx.world_size > 1 && !detail::uses_shared_memory(model->process_group());
+    EXPECT_LT(memory_stats().peak_bytes - base, (staged ? 2 : 1) * unsharded_bytes + unsharded_bytes / 8)
+        << "rank " << ctx.rank;
     ASSERT_EQ(full.size(), 2u);
     EXPECT_TRUE(at::equal(full[0], plain->weight.detach())) << "rank " << ctx.rank;
     EXPECT_TRUE(at::equal(full[1], plain->bias.detach())) << "rank " << ctx.rank;
