@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <cstdio>
 #include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -34,6 +36,9 @@ using fsdpp::bench::TransformerBenchArgs;
 using fsdpp::examples::language_model_loss;
 using fsdpp::examples::Transformer;
 using fsdpp::examples::TransformerBlockImpl;
+using fsdpp::examples::transformer_stages;
+using fsdpp::examples::TransformerEmbeddingsImpl;
+using fsdpp::examples::TransformerHeadImpl;
 
 }  // namespace
 
@@ -63,25 +68,28 @@ int main(int argc, char** argv) {
   at::Tensor targets = torch::randint(args.model.vocab_size, {args.local_batch, seq}, torch::kLong);
 
   // FSDP: every block a unit, then the root.
-  torch::manual_seed(0);
-  auto model = fsdpp::fully_shard(
-      Transformer(args.model),
-      fsdpp::FullyShardOptions().auto_wrap_policy(fsdpp::ModuleWrapPolicy<TransformerBlockImpl>()));
+  auto make_fsdp = [&](fsdpp::FullyShardOptions options) {
+    torch::manual_seed(0);
+    return fsdpp::fully_shard(Transformer(args.model),
+                              options.auto_wrap_policy(fsdpp::ModuleWrapPolicy<TransformerBlockImpl>()));
+  };
+  auto model = make_fsdp(fsdpp::FullyShardOptions());
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-4));
-  auto fsdp_step = [&] {
-    opt.zero_grad();
+  auto train_step = [&](auto& m, torch::optim::Optimizer& o) {
+    o.zero_grad();
     at::Tensor loss;
     {
       fsdpp::profiler::record_function span("forward");
-      loss = language_model_loss(model->forward(tokens), targets);
+      loss = language_model_loss(m->forward(tokens), targets);
     }
     {
       fsdpp::profiler::record_function span("backward");
       loss.backward();
     }
     fsdpp::profiler::record_function span("optimizer");
-    opt.step();
+    o.step();
   };
+  auto fsdp_step = [&] { train_step(model, opt); };
   fsdp_step();  // Adam state exists from here on
   // The peaks of a training step (not of building the model, which is whole on every rank
   // until it is sharded), counted from the tensors alive between steps.
@@ -89,21 +97,21 @@ int main(int argc, char** argv) {
     double forward_peak, after_forward, backward_peak;
   };
   int64_t base = 0;
-  auto probe_peaks = [&] {
+  auto probe_peaks = [&](auto& m, torch::optim::Optimizer& o) {
     fsdpp::reset_peak_memory_stats();
     base = fsdpp::memory_stats().current_bytes;
-    opt.zero_grad();
-    at::Tensor loss = language_model_loss(model->forward(tokens), targets);
+    o.zero_grad();
+    at::Tensor loss = language_model_loss(m->forward(tokens), targets);
     StepPeaks peaks{};
     peaks.forward_peak = fsdpp::memory_stats().peak_bytes - base;
     peaks.after_forward = fsdpp::memory_stats().current_bytes - base;
     loss.backward();
     peaks.backward_peak = fsdpp::memory_stats().peak_bytes - base;
     loss = at::Tensor();
-    opt.step();
+    o.step();
     return peaks;
   };
-  const auto [forward_peak, after_forward, backward_peak] = probe_peaks();
+  const auto [forward_peak, after_forward, backward_peak] = probe_peaks(model, opt);
   const double fsdp_peak = fsdpp::memory_stats().peak_bytes;
   const double fsdp_transient = fsdp_peak - base;
   const double fsdp_state = state_bytes(model->parameters());
@@ -143,7 +151,38 @@ int main(int argc, char** argv) {
       unit->set_modules_to_backward_prefetch({});
     }
   const double no_prefetch_time = median_step(fsdp_step, args.warmup, args.steps, &world);
-  const double no_prefetch_backward_peak = probe_peaks().backward_peak;
+  const double no_prefetch_backward_peak = probe_peaks(model, opt).backward_peak;
+
+  // Other backward prefetch timings, on the transformer as above and on its stages with the two
+  // ends units of their own (the root then holds no parameters through backward).
+  struct Variant {
+    std::string label;
+    double time, backward_peak, act, root;
+  };
+  std::vector<Variant> variants;
+  auto measure = [&](const std::string& label, auto m) {
+    torch::optim::Adam o(m->parameters(), torch::optim::AdamOptions(1e-4));
+    train_step(m, o);
+    const StepPeaks peaks = probe_peaks(m, o);
+    double root = 0;
+    for (const auto& module : m->modules())
+      if (auto* unit = dynamic_cast<fsdpp::FSDPModule*>(module.get()))
+        if (unit->is_root()) root = unit->unsharded_padded_numel() * 4.0;
+    const double time = median_step([&] { train_step(m, o); }, args.warmup, args.steps, &world);
+    variants.push_back({label, time, peaks.backward_peak, peaks.after_forward - root, root});
+  };
+  using fsdpp::BackwardPrefetch;
+  const auto post = fsdpp::FullyShardOptions().backward_prefetch(BackwardPrefetch::BACKWARD_POST);
+  measure("BACKWARD_POST", make_fsdp(post));
+  auto make_stages = [&](fsdpp::FullyShardOptions options) {
+    torch::manual_seed(0);
+    return fsdpp::fully_shard(
+        transformer_stages(Transformer(args.model)),
+        options.auto_wrap_policy(fsdpp::ModuleWrapPolicy<TransformerEmbeddingsImpl, TransformerBlockImpl, TransformerHeadImpl>()));
+  };
+  measure("ends as units, BACKWARD_PRE", make_stages(fsdpp::FullyShardOptions()));
+  measure("ends as units, BACKWARD_POST", make_stages(post));
+  measure("ends as units, no backward prefetch", make_stages(fsdpp::FullyShardOptions().backward_prefetch(std::nullopt)));
 
   // DDP on the same slices.
   torch::manual_seed(0);
@@ -209,6 +248,11 @@ int main(int argc, char** argv) {
     std::printf("  without prefetch: backward peak %.3f MiB = act + root + %.2f U; backward peak / (act + 2 U) = %.2f\n",
                 mib(no_prefetch_backward_peak), (no_prefetch_backward_peak - act - root_unit) / u,
                 no_prefetch_backward_peak / (act + 2 * u));
+    for (const auto& v : variants)
+      std::printf("  %s: activations %.2f U, root %.2f U; backward peak = act + root + %.2f U; backward peak / (act + 2 U) "
+                  "= %.2f; step %.2f ms (%.3f of FSDP's)\n",
+                  v.label.c_str(), v.act / u, v.root / u, (v.backward_peak - v.act - v.root) / u,
+                  v.backward_peak / (v.act + 2 * u), v.time * 1e3, v.time / fsdp_time);
     std::printf("step time (median): FSDP %.2f ms, FSDP without prefetch %.2f ms, DDP %.2f ms, single process %.2f ms\n",
                 fsdp_time * 1e3, no_prefetch_time * 1e3, ddp_time * 1e3, single_time * 1e3);
     std::printf("minor page faults per step (rank 0): FSDP %.0f, DDP %.0f; allocator cache %s\n", fsdp_faults,

@@ -86,6 +86,16 @@ class OutputProjectionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(OutputProjection);
 
+// The transformer's two ends, as functions its forward and the stage modules below share.
+inline at::Tensor embed_tokens(torch::nn::EmbeddingImpl& tok_embeddings, torch::nn::EmbeddingImpl& pos_embeddings,
+                               const at::Tensor& tokens) {
+  at::Tensor positions = torch::arange(tokens.size(1), torch::kLong);
+  return tok_embeddings.forward(tokens) + pos_embeddings.forward(positions);
+}
+inline at::Tensor project_output(torch::nn::LayerNormImpl& norm, OutputProjectionImpl& output, const at::Tensor& h) {
+  return output.forward(norm.forward(h));
+}
+
 class TransformerImpl : public torch::nn::Module {
  public:
   explicit TransformerImpl(const TransformerArgs& args) {
@@ -99,9 +109,7 @@ class TransformerImpl : public torch::nn::Module {
   }
   // tokens (batch, seq) -> logits (batch, seq, vocab)
   at::Tensor forward(at::Tensor tokens) {
-    at::Tensor positions = torch::arange(tokens.size(1), torch::kLong);
-    at::Tensor h = tok_embeddings->forward(tokens) + pos_embeddings->forward(positions);
-    return output->forward(norm->forward(layers->forward(h)));
+    return project_output(*norm, *output, layers->forward(embed_tokens(*tok_embeddings, *pos_embeddings, tokens)));
   }
   torch::nn::Embedding tok_embeddings{nullptr}, pos_embeddings{nullptr};
   torch::nn::Sequential layers{nullptr};
@@ -109,6 +117,43 @@ class TransformerImpl : public torch::nn::Module {
   OutputProjection output{nullptr};
 };
 TORCH_MODULE(Transformer);
+
+// The same transformer as a Sequential of stages (the same modules and parameter tensors):
+// embeddings, the blocks, then norm and output projection, so that an auto-wrap policy can make
+// the two ends units of their own, as torchtitan shards tok_embeddings and [norm, output]
+// (fsdpp::ModuleWrapPolicy<TransformerEmbeddingsImpl, TransformerBlockImpl, TransformerHeadImpl>).
+// Without weight tying: tied, the two ends share a parameter and must be one unit.
+class TransformerEmbeddingsImpl : public torch::nn::Module {
+ public:
+  TransformerEmbeddingsImpl(torch::nn::Embedding tok, torch::nn::Embedding pos) {
+    tok_embeddings = register_module("tok_embeddings", tok);
+    pos_embeddings = register_module("pos_embeddings", pos);
+  }
+  at::Tensor forward(at::Tensor tokens) { return embed_tokens(*tok_embeddings, *pos_embeddings, tokens); }
+  torch::nn::Embedding tok_embeddings{nullptr}, pos_embeddings{nullptr};
+};
+TORCH_MODULE(TransformerEmbeddings);
+
+class TransformerHeadImpl : public torch::nn::Module {
+ public:
+  TransformerHeadImpl(torch::nn::LayerNorm n, OutputProjection out) {
+    norm = register_module("norm", n);
+    output = register_module("output", out);
+  }
+  at::Tensor forward(at::Tensor h) { return project_output(*norm, *output, h); }
+  torch::nn::LayerNorm norm{nullptr};
+  OutputProjection output{nullptr};
+};
+TORCH_MODULE(TransformerHead);
+
+inline torch::nn::Sequential transformer_stages(const Transformer& model) {
+  TORCH_CHECK(!model->output->weight.is_same(model->tok_embeddings->weight),
+              "transformer_stages: the output projection is tied to the token embedding");
+  torch::nn::Sequential stages(TransformerEmbeddings(model->tok_embeddings, model->pos_embeddings));
+  for (const auto& block : *model->layers) stages->push_back(block);
+  stages->push_back(TransformerHead(model->norm, model->output));
+  return stages;
+}
 
 // Mean next-token cross-entropy of logits (batch, seq, vocab) against targets (batch, seq).
 inline at::Tensor language_model_loss(const at::Tensor& logits, const at::Tensor& targets) {

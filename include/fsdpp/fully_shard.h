@@ -36,6 +36,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <fsdpp/activation_checkpointing.h>
+#include <fsdpp/backward_prefetch.h>
 #include <fsdpp/device_mesh.h>
 #include <fsdpp/forward_arguments.h>
 #include <fsdpp/mixed_precision_policy.h>
@@ -76,6 +77,13 @@ struct FullyShardOptions {
     reshard_after_forward_ = ReshardPolicy::ways(k);
     return *this;
   }
+  // FSDP1's backward_prefetch (<fsdpp/backward_prefetch.h>): when this unit starts the
+  // all-gather of the unit whose backward follows its own. std::nullopt: no implicit backward
+  // prefetch (a set_modules_to_backward_prefetch list still runs, at the start of backward).
+  FullyShardOptions& backward_prefetch(std::optional<BackwardPrefetch> v) {
+    backward_prefetch_ = v;
+    return *this;
+  }
   // Makes units of the submodules the policy selects (<fsdpp/wrap_policy.h>) before
   // wrapping this module, as FSDP1's auto_wrap_policy; they get these options too.
   FullyShardOptions& auto_wrap_policy(std::shared_ptr<const AutoWrapPolicy> v) {
@@ -114,6 +122,7 @@ struct FullyShardOptions {
   DeviceMesh mesh_;
   std::optional<ShardingStrategy> sharding_strategy_;
   ReshardPolicy reshard_after_forward_;
+  std::optional<BackwardPrefetch> backward_prefetch_ = BackwardPrefetch::BACKWARD_PRE;
   std::shared_ptr<const AutoWrapPolicy> auto_wrap_policy_;
   MixedPrecisionPolicy mp_policy_;
   OffloadPolicy offload_policy_;

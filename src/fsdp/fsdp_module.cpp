@@ -71,7 +71,8 @@ FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOpti
                params.end());
   state_ = std::make_shared<detail::FSDPState>(
       unit, std::move(params), std::move(groups),
-      detail::ParamGroupPolicies{options_.reshard_after_forward_, options_.mp_policy_, options_.offload_policy_});
+      detail::ParamGroupPolicies{options_.reshard_after_forward_, options_.mp_policy_, options_.offload_policy_},
+      options_.backward_prefetch_);
   state_->register_self();
 }
 

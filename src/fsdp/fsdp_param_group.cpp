@@ -389,7 +389,7 @@ void FSDPParamGroup::reshard() {
   unsharded_ = false;
 }
 
-bool FSDPParamGroup::post_backward() {
+bool FSDPParamGroup::post_backward(const std::function<void()>& after_release) {
   profiler::record_function span(profiler::detail::span_name("FSDP::post_backward", trace_name_));
   if (reduce_scatter_output_.defined())
     throw Error("FSDP unit " + unit_name_ + ": a second post-backward before the previous reduce-scatter finished");
@@ -418,6 +418,7 @@ bool FSDPParamGroup::post_backward() {
         accumulated_grads_[i] = grads[i].to(reduce_options().dtype());
     }
     if (reshard_after_backward_) reshard();
+    after_release();
     return false;
   }
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -429,6 +430,7 @@ bool FSDPParamGroup::post_backward() {
   }
   if (!any) {
     reshard();
+    after_release();
     return false;
   }
   // The parameters go before the reduce-scatter input is allocated: packing needs only the
@@ -436,6 +438,9 @@ bool FSDPParamGroup::post_backward() {
   // would otherwise coexist.
   reshard();
   reduce_scatter_input_ = reduce_scatter_input(params_, flat_, grads, reduce_options());
+  // After packing, which freed the gradients: a gather started here (BACKWARD_POST) shares
+  // the memory with the input alone, and goes ahead of the reduce-scatter on the wire.
+  after_release();
   reduce_scatter_output_ = at::empty({flat_.shard_numel()}, reduce_options());
   testing_delay(testing_delays().before_reduce_scatter_ms);
   // The input is freed on the comm thread once the exchange is done with it, before the

@@ -7,6 +7,7 @@
 // (the storage shrinks to 0 bytes) and unsharding reallocates it, so views that autograd
 // saved during forward see the regathered values in backward.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,9 +76,10 @@ class FSDPParamGroup {
   // Takes the full gradients the unit's backward left in `.grad`, starts the reduce-scatter
   // of their average and reshards. Under HSDP (all-reduce on) also issues the all-reduce of
   // its output across the replicas, chained after it on the comm threads (FSDP2's
-  // foreach_reduce), so that backward's compute overlaps both. Returns false when no
-  // parameter had a gradient.
-  bool post_backward();
+  // foreach_reduce), so that backward's compute overlaps both. Calls `after_release` once the
+  // parameters and gradients are freed (after packing, before the reduce-scatter starts).
+  // Returns false when no parameter had a gradient.
+  bool post_backward(const std::function<void()>& after_release);
   // Waits for the reduce-scatter (and the replicate all-reduce) and writes (or adds) each
   // parameter's gradient shard. Starts no collective.
   void finalize_backward();

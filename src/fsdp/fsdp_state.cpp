@@ -62,8 +62,8 @@ int64_t FSDPState::next_id() {
 }
 
 FSDPState::FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, UnitGroups groups,
-                     const ParamGroupPolicies& policies)
-    : id_(next_id()), name_(std::move(name)), process_group_(groups.shard) {
+                     const ParamGroupPolicies& policies, std::optional<BackwardPrefetch> backward_prefetch)
+    : id_(next_id()), name_(std::move(name)), process_group_(groups.shard), backward_prefetch_timing_(backward_prefetch) {
   auto& r = registry();
   {
     std::lock_guard<std::mutex> lock(r.mutex);
@@ -195,12 +195,19 @@ void FSDPState::pre_backward() {
     param_group_->unshard(UnshardFor::kBackward);
     param_group_->wait_for_unshard();
   }
+  if (backward_prefetch_timing_.value_or(BackwardPrefetch::BACKWARD_PRE) == BackwardPrefetch::BACKWARD_PRE)
+    prefetch_for_backward();
+}
+
+void FSDPState::prefetch_for_backward() {
+  auto prefetch = [](const std::shared_ptr<FSDPState>& target) {
+    if (target && target->param_group_ && !target->ran_post_backward_)
+      target->param_group_->unshard(UnshardFor::kBackward);
+  };
   if (has_explicit_backward_prefetch_) {
-    for (auto& w : explicit_backward_prefetch_)
-      if (auto target = w.lock())
-        if (target->param_group_ && !target->ran_post_backward_) target->param_group_->unshard(UnshardFor::kBackward);
-  } else if (auto previous = backward_prefetch_.lock()) {
-    if (previous->param_group_ && !previous->ran_post_backward_) previous->param_group_->unshard(UnshardFor::kBackward);
+    for (auto& w : explicit_backward_prefetch_) prefetch(w.lock());
+  } else if (backward_prefetch_timing_) {
+    prefetch(backward_prefetch_.lock());
   }
 }
 
@@ -217,7 +224,13 @@ void FSDPState::post_backward() {
   // backward, so backward's memory does not grow with the number of units: before this unit's
   // reduce-scatter buffers are allocated, and again after.
   finalize_finished_reduce_scatters();
-  if (param_group_) param_group_->post_backward();
+  const bool prefetch_now = backward_prefetch_timing_ == BackwardPrefetch::BACKWARD_POST;
+  if (param_group_)
+    param_group_->post_backward([&] {
+      if (prefetch_now) prefetch_for_backward();
+    });
+  else if (prefetch_now)
+    prefetch_for_backward();
   finalize_finished_reduce_scatters();
 }
 

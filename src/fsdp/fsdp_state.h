@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <fsdpp/backward_prefetch.h>
 #include <fsdpp/process_group.h>
 
 #include "fsdp/fsdp_param_group.h"
@@ -32,7 +33,7 @@ struct FSDPRootContext {
 class FSDPState : public std::enable_shared_from_this<FSDPState> {
  public:
   FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, UnitGroups groups,
-            const ParamGroupPolicies& policies);
+            const ParamGroupPolicies& policies, std::optional<BackwardPrefetch> backward_prefetch);
   ~FSDPState();
 
   // Autograd nodes find the state by id, so a graph that outlives the module is harmless.
@@ -89,6 +90,9 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   // all-gather, and each unit's pre-backward the one that runs backward after it (the unit
   // that finished forward before it).
   void link_prefetch_order();
+  // Starts the all-gathers of the units whose backward follows this one's (the explicit list,
+  // else the implicit previous unit) that have not run their post-backward yet.
+  void prefetch_for_backward();
   void queue_final_callback();
   static void final_callback(FSDPRootContext& context);
   void reset_iteration();
@@ -103,6 +107,8 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   bool is_root_ = false;
   bool lazy_initialized_ = false;
   std::shared_ptr<FSDPRootContext> context_;  // shared by the tree; null before lazy init
+  // When this unit prefetches for backward; none: only an explicit list, at pre-backward.
+  std::optional<BackwardPrefetch> backward_prefetch_timing_;
   std::weak_ptr<FSDPState> forward_prefetch_, backward_prefetch_;
   bool has_explicit_forward_prefetch_ = false, has_explicit_backward_prefetch_ = false;
   std::vector<std::weak_ptr<FSDPState>> explicit_forward_prefetch_, explicit_backward_prefetch_;

@@ -739,6 +739,69 @@ TEST_P(FullyShardPrefetching, ExplicitPrefetching) {
   });
 }
 
+// FSDP1's backward_prefetch: BACKWARD_PRE (the default) starts the previous unit's gather in
+// this unit's pre-backward, BACKWARD_POST in its post-backward (once its gradients are packed),
+// std::nullopt not at all (each unit gathers in its own pre-backward). Counted when unit 1's
+// backward reaches its input and when backward reaches unit 0's output; training at parity.
+TEST_P(FullyShardPrefetching, BackwardPrefetchTiming) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    struct Case {
+      std::optional<BackwardPrefetch> timing;
+      int64_t gathers_at_unit1_input, gathers_at_unit0_output;
+      const char* label;
+    };
+    for (const Case& c : {Case{BackwardPrefetch::BACKWARD_PRE, 2, 2, "BACKWARD_PRE"},
+                          Case{BackwardPrefetch::BACKWARD_POST, 1, 2, "BACKWARD_POST"},
+                          Case{std::nullopt, 1, 1, "none"}}) {
+      CommDebugMode* comm = nullptr;
+      int64_t at_unit1_input = -1, at_unit0_output = -1, reduce_scatters_at_unit0_output = -1;
+      auto count_at = [&](at::Tensor& x, int64_t& gathers, int64_t* reduce_scatters) {
+        if (comm && x.requires_grad())
+          x.register_hook([&gathers, reduce_scatters, &comm](const at::Tensor& g) {
+            gathers = comm->count("all_gather_into_tensor");
+            if (reduce_scatters) *reduce_scatters = comm->count("reduce_scatter_tensor");
+            return g;
+          });
+      };
+      const auto options = FullyShardOptions().reshard_after_forward(true).backward_prefetch(c.timing);
+      using FSDPProbe = FullyShardedDataParallel<ProbeImpl>;
+      auto build = [&](bool wrap) {
+        Probe first(7, 9, nullptr), second(9, 9, [&](at::Tensor& x) { count_at(x, at_unit1_input, nullptr); });
+        torch::nn::Functional after_first([&](at::Tensor x) {
+          count_at(x, at_unit0_output, &reduce_scatters_at_unit0_output);
+          return x;
+        });
+        if (!wrap) return Sequential(first, after_first, ReLU(), second, ReLU(), Linear(9, 3));
+        return Sequential(FSDPProbe(first, options), after_first, ReLU(), FSDPProbe(second, options), ReLU(), Linear(9, 3));
+      };
+      torch::manual_seed(42);
+      Sequential ref = build(false);
+      torch::manual_seed(42);
+      FSDPSequential model(build(true), options);
+      for (int step = 0; step < 2; ++step) {
+        CommDebugMode mode;
+        comm = &mode;
+        at::Tensor loss = model->forward(torch::randn({2, 7})).sum();
+        mode.reset();
+        loss.backward();
+        comm = nullptr;
+        EXPECT_EQ(at_unit1_input, c.gathers_at_unit1_input) << c.label << ", step " << step;
+        EXPECT_EQ(at_unit0_output, c.gathers_at_unit0_output) << c.label << ", step " << step;
+        EXPECT_EQ(reduce_scatters_at_unit0_output, 1) << c.label << ", step " << step;
+        EXPECT_EQ(mode.count("all_gather_into_tensor"), 2) << c.label;
+        EXPECT_EQ(mode.count("reduce_scatter_tensor"), 3) << c.label;
+      }
+      torch::manual_seed(42);
+      FSDPSequential trained(build(true), options);
+      ParityCase parity;
+      parity.steps = 5;
+      check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *trained,
+                         [&](const at::Tensor& x) { return trained->forward(x); }, 7, 3, parity, c.label);
+      if (::testing::Test::HasFailure()) return;
+    }
+  });
+}
+
 FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardPrefetching);
 
 // ---------------------------------------------------------------------------------------------
@@ -849,47 +912,56 @@ TEST_P(FullyShardMemory, ReshardFreesUnshardedMemory) {
 // and the prefetched one (gathered straight into its parameters, allocated on the comm thread);
 // backward adds the computing unit's full gradients, whose reduce-scatter input is freed on the
 // comm thread before the next prefetch is allocated.
+// Without backward prefetch a unit's gather waits on the wire behind the previous unit's
+// reduce-scatter, whose input is freed first: backward holds one unit and its gradients.
 TEST_P(FullyShardMemory, StepPeakIsBoundedByUnits) {
   run_ranks(GetParam(), [](RankContext& ctx) {
-    torch::manual_seed(3);
-    Sequential seq;
-    for (int i = 0; i < 4; ++i) {
-      seq->push_back(FSDPLinear(Linear(256, 256)));
-      seq->push_back(ReLU());
-    }
-    seq->push_back(Linear(256, 1));
-    FSDPSequential root(seq);
-    auto units = fsdp_units(*root);
-    ASSERT_EQ(units.size(), 5u);
-    const double u = static_cast<double>(units[1]->unsharded_padded_numel()) * 4;
-    const double root_bytes = static_cast<double>(units[0]->unsharded_padded_numel()) * 4;
-    torch::optim::SGD opt(root->parameters(), 0.1);
-    at::Tensor x = torch::randn({8, 256});
-    auto step = [&] {
-      opt.zero_grad();
-      root->forward(x).sum().backward();
+    for (std::optional<BackwardPrefetch> timing :
+         {std::optional<BackwardPrefetch>(BackwardPrefetch::BACKWARD_PRE), std::optional<BackwardPrefetch>()}) {
+      const std::string label = timing ? "BACKWARD_PRE" : "no backward prefetch";
+      const auto options = FullyShardOptions().backward_prefetch(timing);
+      torch::manual_seed(3);
+      Sequential seq;
+      for (int i = 0; i < 4; ++i) {
+        seq->push_back(FSDPLinear(Linear(256, 256), options));
+        seq->push_back(ReLU());
+      }
+      seq->push_back(Linear(256, 1));
+      FSDPSequential root(seq, options);
+      auto units = fsdp_units(*root);
+      ASSERT_EQ(units.size(), 5u);
+      const double u = static_cast<double>(units[1]->unsharded_padded_numel()) * 4;
+      const double root_bytes = static_cast<double>(units[0]->unsharded_padded_numel()) * 4;
+      torch::optim::SGD opt(root->parameters(), 0.1);
+      at::Tensor x = torch::randn({8, 256});
+      auto step = [&] {
+        opt.zero_grad();
+        root->forward(x).sum().backward();
+        opt.step();
+      };
+      step();  // the order is recorded, prefetching starts, the ring's scratch exists
+      // Zeroed, not dropped (libtorch 2.x's zero_grad drops them): the gradient shards are held
+      // state, and backward adds into them.
+      for (auto& p : root->parameters())
+        if (p.grad().defined()) p.mutable_grad().zero_();
+      reset_peak_memory_stats();
+      const double held = static_cast<double>(memory_stats().current_bytes);
+      at::Tensor loss = root->forward(x).sum();
+      const double forward_peak = static_cast<double>(memory_stats().peak_bytes) - held;
+      const double act = static_cast<double>(memory_stats().current_bytes) - held - root_bytes;
+      loss.backward();
+      const double backward_peak = static_cast<double>(memory_stats().peak_bytes) - held;
+      // Beyond the units: a few small tensors; in backward also up to two reduce-scatter outputs
+      // (U/N each: the unit's and the previous unit's, when its exchange is still running).
+      const double slack = 0.1 * u, backward_slack = 2 * u / ctx.world_size + slack;
+      EXPECT_LE(forward_peak, act + root_bytes + 2 * u + slack)
+          << label << ": forward peak " << forward_peak / u << " U, activations " << act / u << " U, root "
+          << root_bytes / u << " U";
+      EXPECT_LE(backward_peak, act + root_bytes + (timing ? 3 : 2) * u + backward_slack)
+          << label << ": backward peak " << backward_peak / u << " U, activations " << act / u << " U, root "
+          << root_bytes / u << " U";
       opt.step();
-    };
-    step();  // the order is recorded, prefetching starts, the ring's scratch exists
-    // Zeroed, not dropped (libtorch 2.x's zero_grad drops them): the gradient shards are held
-    // state, and backward adds into them.
-    for (auto& p : root->parameters())
-      if (p.grad().defined()) p.mutable_grad().zero_();
-    reset_peak_memory_stats();
-    const double held = static_cast<double>(memory_stats().current_bytes);
-    at::Tensor loss = root->forward(x).sum();
-    const double forward_peak = static_cast<double>(memory_stats().peak_bytes) - held;
-    const double act = static_cast<double>(memory_stats().current_bytes) - held - root_bytes;
-    loss.backward();
-    const double backward_peak = static_cast<double>(memory_stats().peak_bytes) - held;
-    // Beyond the units: a few small tensors; in backward also up to two reduce-scatter outputs
-    // (U/N each: the unit's and the previous unit's, when its exchange is still running).
-    const double slack = 0.1 * u, backward_slack = 2 * u / ctx.world_size + slack;
-    EXPECT_LE(forward_peak, act + root_bytes + 2 * u + slack)
-        << "forward peak " << forward_peak / u << " U, activations " << act / u << " U, root " << root_bytes / u << " U";
-    EXPECT_LE(backward_peak, act + root_bytes + 3 * u + backward_slack)
-        << "backward peak " << backward_peak / u << " U, activations " << act / u << " U, root " << root_bytes / u << " U";
-    opt.step();
+    }
   });
 }
 

@@ -48,16 +48,27 @@ std::pair<at::Tensor, at::Tensor> token_batch(int64_t seed, const TransformerArg
 // Trains the plain transformer on the global batch and the sharded one on this rank's slice
 // for `steps` steps; losses, gradient shards and full parameters must match every step.
 // `before_sharding` (e.g. activation checkpointing) runs on the model before fully_shard.
+// With `as_stages` the FSDP model is the transformer's stages (examples::transformer_stages).
 void check_transformer_parity(RankContext& ctx, const TransformerArgs& args, const FullyShardOptions& options, Optim optim,
                               const std::string& label, int steps = 10,
-                              const std::function<void(Transformer&)>& before_sharding = {}) {
+                              const std::function<void(Transformer&)>& before_sharding = {}, bool as_stages = false) {
   const int n = ctx.world_size, rank = ctx.rank;
   torch::manual_seed(42);
   Transformer ref(args);
   torch::manual_seed(42);
   Transformer plain(args);
   if (before_sharding) before_sharding(plain);
-  auto model = fully_shard(plain, options);
+  std::shared_ptr<torch::nn::Module> model;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+  if (as_stages) {
+    auto stages = fully_shard(examples::transformer_stages(plain), options);
+    model = stages.ptr();
+    forward = [stages](const at::Tensor& tokens) mutable { return stages->forward(tokens); };
+  } else {
+    auto whole = fully_shard(plain, options);
+    model = whole.ptr();
+    forward = [whole](const at::Tensor& tokens) mutable { return whole->forward(tokens); };
+  }
   auto ref_params = ref->parameters();
   auto params = model->parameters();
   ASSERT_EQ(params.size(), ref_params.size()) << label;
@@ -71,7 +82,7 @@ void check_transformer_parity(RankContext& ctx, const TransformerArgs& args, con
     auto [tokens, targets] = token_batch(1000 + step, args);
     at::Tensor ref_loss = language_model_loss(ref->forward(tokens), targets);
     ref_loss.backward();
-    at::Tensor loss = language_model_loss(model->forward(tokens.narrow(0, rank * local, local)),
+    at::Tensor loss = language_model_loss(forward(tokens.narrow(0, rank * local, local)),
                                           targets.narrow(0, rank * local, local));
     loss.backward();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -119,6 +130,38 @@ TEST_P(FullyShardAutoWrap, ModuleWrapPolicyTransformerTrainParity) {
     auto plain_names = plain->named_parameters().keys();
     ASSERT_EQ(names.size(), plain_names.size());
     for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(strip_wrapper_prefixes(names[i]), plain_names[i]);
+  });
+}
+
+// torchtitan's recipe: the embeddings and [norm, output] units of their own beside the blocks
+// (the transformer as stages), so the root holds no parameters through backward; at parity
+// with every backward prefetch timing.
+TEST_P(FullyShardAutoWrap, TransformerEndsAsUnitsTrainParity) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    TransformerArgs args;
+    auto policy = ModuleWrapPolicy<examples::TransformerEmbeddingsImpl, TransformerBlockImpl, examples::TransformerHeadImpl>();
+    struct Case {
+      std::optional<BackwardPrefetch> timing;
+      const char* label;
+    };
+    for (const Case& c : {Case{BackwardPrefetch::BACKWARD_PRE, "ends as units, BACKWARD_PRE"},
+                          Case{BackwardPrefetch::BACKWARD_POST, "ends as units, BACKWARD_POST"},
+                          Case{std::nullopt, "ends as units, no backward prefetch"}}) {
+      check_transformer_parity(ctx, args, FullyShardOptions().backward_prefetch(c.timing).auto_wrap_policy(policy),
+                               Optim::kAdam, c.label, 5, {}, /*as_stages=*/true);
+      if (::testing::Test::HasFailure()) return;
+    }
+    torch::manual_seed(0);
+    auto model = fully_shard(examples::transformer_stages(Transformer(args)), FullyShardOptions().auto_wrap_policy(policy));
+    auto units = fsdp_units(*model);
+    ASSERT_EQ(units.size(), 3u + args.n_layers);
+    EXPECT_TRUE(units[0]->sharded_parameter_names().empty());
+    EXPECT_EQ(units[1]->sharded_parameter_names(),
+              (std::vector<std::string>{"tok_embeddings.weight", "pos_embeddings.weight"}));
+    EXPECT_EQ(units.back()->sharded_parameter_names(),
+              (std::vector<std::string>{"norm.weight", "norm.bias", "output.weight"}));
+    args.weight_tying = true;
+    EXPECT_THROW(examples::transformer_stages(Transformer(args)), c10::Error) << "tied ends cannot be two units";
   });
 }
 
