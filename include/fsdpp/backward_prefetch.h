@@ -8,9 +8,12 @@ enum class BackwardPrefetch {
   // gather overlaps this unit's whole backward, but the unit's parameters, its gradients and
   // the prefetched parameters are then alive together.
   BACKWARD_PRE,
-  // After this unit's backward, once its parameters are freed and before its reduce-scatter:
-  // the gather overlaps packing and the reduce-scatter, not compute, and at most one unit's
-  // parameters are prefetched beside one unit's gradients.
+  // In this unit's post-backward, once its parameters are freed and its gradients packed into
+  // the reduce-scatter input: the gather overlaps no backward compute, and that reduce-scatter
+  // waits behind it on the comm thread, so its input (one unit) is still alive when the target
+  // unit's backward starts. The parameters, gradients and prefetch of BACKWARD_PRE never
+  // coexist, but the peak is lower only if that reduce-scatter finishes before the target's
+  // first gradients exist (docs/benchmarks.md measures it).
   BACKWARD_POST,
 };
 

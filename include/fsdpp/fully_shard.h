@@ -180,9 +180,10 @@ class FSDPModule : public torch::nn::Module {
   // next microbatch's forward gathers nothing. A backward that syncs always reshards (the
   // gradients are shard-shaped and belong to the shards).
   void set_reshard_after_backward(bool value, bool recurse = true);
-  // Units whose all-gather this unit's forward (backward) starts before waiting for its own,
-  // in this order; replaces the implicit prefetch of the next (previous) unit. Every rank
-  // must set the same. An empty list turns prefetching off for this unit.
+  // Units whose all-gather this unit's forward (backward) starts after waiting for its own (in
+  // backward under BACKWARD_POST: in this unit's post-backward), in this order; replaces the
+  // implicit prefetch of the next (previous) unit. Every rank must set the same. An empty list
+  // turns prefetching off for this unit.
   void set_modules_to_forward_prefetch(const std::vector<std::shared_ptr<FSDPModule>>& modules);
   void set_modules_to_backward_prefetch(const std::vector<std::shared_ptr<FSDPModule>>& modules);
   // Changes reshard_after_forward of this unit (and of the inner units with recurse).

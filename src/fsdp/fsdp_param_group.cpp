@@ -417,6 +417,7 @@ bool FSDPParamGroup::post_backward(const std::function<void()>& after_release) {
       else
         accumulated_grads_[i] = grads[i].to(reduce_options().dtype());
     }
+    grads.clear();
     if (reshard_after_backward_) reshard();
     after_release();
     return false;
@@ -438,9 +439,15 @@ bool FSDPParamGroup::post_backward(const std::function<void()>& after_release) {
   // would otherwise coexist.
   reshard();
   reduce_scatter_input_ = reduce_scatter_input(params_, flat_, grads, reduce_options());
-  // After packing, which freed the gradients: a gather started here (BACKWARD_POST) shares
-  // the memory with the input alone, and goes ahead of the reduce-scatter on the wire.
-  after_release();
+  // After packing, which freed the gradients: a gather started here (BACKWARD_POST) lives
+  // beside the input alone, and goes ahead of the reduce-scatter on the comm thread.
+  try {
+    after_release();
+  } catch (...) {
+    release_storage(reduce_scatter_input_);
+    reduce_scatter_input_ = at::Tensor();
+    throw;
+  }
   reduce_scatter_output_ = at::empty({flat_.shard_numel()}, reduce_options());
   testing_delay(testing_delays().before_reduce_scatter_ms);
   // The input is freed on the comm thread once the exchange is done with it, before the

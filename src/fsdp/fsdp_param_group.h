@@ -77,7 +77,8 @@ class FSDPParamGroup {
   // of their average and reshards. Under HSDP (all-reduce on) also issues the all-reduce of
   // its output across the replicas, chained after it on the comm threads (FSDP2's
   // foreach_reduce), so that backward's compute overlaps both. Calls `after_release` once the
-  // parameters and gradients are freed (after packing, before the reduce-scatter starts).
+  // unit is done with its gradients (packed, or summed into the accumulation) and its
+  // parameters (resharded, unless reshard_after_backward is off), before any reduce-scatter.
   // Returns false when no parameter had a gradient.
   bool post_backward(const std::function<void()>& after_release);
   // Waits for the reduce-scatter (and the replicate all-reduce) and writes (or adds) each

@@ -155,7 +155,7 @@ void FSDPState::pre_forward() {
     for (auto& w : explicit_forward_prefetch_)
       if (auto target = w.lock())
         if (target->param_group_) target->param_group_->unshard();
-  } else if (auto next = forward_prefetch_.lock()) {
+  } else if (auto next = forward_prefetch_target_.lock()) {
     if (next->param_group_) next->param_group_->unshard();
   }
 }
@@ -181,9 +181,9 @@ void FSDPState::link_prefetch_order() {
   const auto& forward = context_->forward_order;
   const auto& post_forward = context_->post_forward_order;
   for (size_t i = 0; i + 1 < forward.size(); ++i)
-    if (auto s = forward[i].lock()) s->forward_prefetch_ = forward[i + 1];
+    if (auto s = forward[i].lock()) s->forward_prefetch_target_ = forward[i + 1];
   for (size_t i = 1; i < post_forward.size(); ++i)
-    if (auto s = post_forward[i].lock()) s->backward_prefetch_ = post_forward[i - 1];
+    if (auto s = post_forward[i].lock()) s->backward_prefetch_target_ = post_forward[i - 1];
 }
 
 void FSDPState::pre_backward() {
@@ -195,8 +195,7 @@ void FSDPState::pre_backward() {
     param_group_->unshard(UnshardFor::kBackward);
     param_group_->wait_for_unshard();
   }
-  if (backward_prefetch_timing_.value_or(BackwardPrefetch::BACKWARD_PRE) == BackwardPrefetch::BACKWARD_PRE)
-    prefetch_for_backward();
+  if (prefetches_at_pre_backward()) prefetch_for_backward();
 }
 
 void FSDPState::prefetch_for_backward() {
@@ -207,7 +206,7 @@ void FSDPState::prefetch_for_backward() {
   if (has_explicit_backward_prefetch_) {
     for (auto& w : explicit_backward_prefetch_) prefetch(w.lock());
   } else if (backward_prefetch_timing_) {
-    prefetch(backward_prefetch_.lock());
+    prefetch(backward_prefetch_target_.lock());
   }
 }
 
@@ -224,7 +223,7 @@ void FSDPState::post_backward() {
   // backward, so backward's memory does not grow with the number of units: before this unit's
   // reduce-scatter buffers are allocated, and again after.
   finalize_finished_reduce_scatters();
-  const bool prefetch_now = backward_prefetch_timing_ == BackwardPrefetch::BACKWARD_POST;
+  const bool prefetch_now = !prefetches_at_pre_backward();
   if (param_group_)
     param_group_->post_backward([&] {
       if (prefetch_now) prefetch_for_backward();

@@ -87,12 +87,14 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   void finalize_finished_reduce_scatters();
   // Implicit prefetching: during the root's first forward the units record the order they
   // start and finish forward; afterwards each unit's pre-forward starts the next unit's
-  // all-gather, and each unit's pre-backward the one that runs backward after it (the unit
-  // that finished forward before it).
+  // all-gather, and each unit's pre-backward (post-backward under BACKWARD_POST) the one that
+  // runs backward after it (the unit that finished forward before it).
   void link_prefetch_order();
   // Starts the all-gathers of the units whose backward follows this one's (the explicit list,
   // else the implicit previous unit) that have not run their post-backward yet.
   void prefetch_for_backward();
+  // An explicit list has to run at one of the two points: at pre-backward unless BACKWARD_POST.
+  bool prefetches_at_pre_backward() const { return backward_prefetch_timing_ != BackwardPrefetch::BACKWARD_POST; }
   void queue_final_callback();
   static void final_callback(FSDPRootContext& context);
   void reset_iteration();
@@ -109,7 +111,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   std::shared_ptr<FSDPRootContext> context_;  // shared by the tree; null before lazy init
   // When this unit prefetches for backward; none: only an explicit list, at pre-backward.
   std::optional<BackwardPrefetch> backward_prefetch_timing_;
-  std::weak_ptr<FSDPState> forward_prefetch_, backward_prefetch_;
+  std::weak_ptr<FSDPState> forward_prefetch_target_, backward_prefetch_target_;
   bool has_explicit_forward_prefetch_ = false, has_explicit_backward_prefetch_ = false;
   std::vector<std::weak_ptr<FSDPState>> explicit_forward_prefetch_, explicit_backward_prefetch_;
   TrainingState training_state_ = TrainingState::kIdle;
