@@ -208,7 +208,6 @@ void ring_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, co
   auto seg = [&](const at::Tensor& t, int64_t i) {
     return t.narrow(0, i * segment, std::min(segment, chunk_numel - i * segment));
   };
-  auto combine = [op](const at::Tensor& into, const at::Tensor& a, const at::Tensor& b) { combine_into(op, into, a, b); };
   auto post_send = [&](const at::Tensor& t, int64_t i, int step, std::vector<c10::intrusive_ptr<c10d::Work>>& sends) {
     std::vector<at::Tensor> v{as_wire(seg(t, i))};
     sends.push_back(g.backend->send(v, next, static_cast<int>(step * segments + i)));
@@ -234,7 +233,7 @@ void ring_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, co
     sends.clear();
     for (int64_t i = 0; i < segments; ++i) {
       recvs[i]->wait(g.timeout);
-      combine(seg(target, i), seg(recv, i), seg(own, i));
+      combine_into(op, seg(target, i), seg(recv, i), seg(own, i));
       if (!last) post_send(target, i, step + 1, sends);
     }
   }

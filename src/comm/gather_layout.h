@@ -26,7 +26,6 @@ struct GatherLayout {
   void place(void* output, int member, int64_t first, int64_t count, const void* source, size_t element_size) const;
   // The same for every member's whole input, from an all_gather_into_tensor output (rank-major).
   void place_rank_major(void* output, const void* gathered, size_t element_size) const;
-
 };
 
 }  // namespace fsdpp::detail

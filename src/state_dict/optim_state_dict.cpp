@@ -225,43 +225,53 @@ OptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torc
   auto by_impl = params_by_impl(layout);
   const auto& names = traits.entries;
 
+  // Each parameter's state, looked up once.
+  struct ParamRecord {
+    const ParamInfo* info;
+    const OptimizerParamState* st;
+    std::vector<at::Tensor> tensors;
+    int64_t step;
+    std::vector<int64_t> flags;  // sharded parameters: has a state, step, which tensors exist
+  };
+  std::vector<std::vector<ParamRecord>> records(optim.param_groups().size());
   // The ranks agree, for each sharded parameter, on whether it has a state (a rank holding no
   // rows may have none), on its step and on which tensors exist, so that every rank joins the
   // same gathers below: one MAX all_reduce per process group, over all its parameters at once.
-  std::vector<std::vector<int64_t>> agreed;  // per sharded parameter, in the loop's order
   {
     struct GroupFlags {
       const ProcessGroup* group;
-      std::vector<size_t> members;  // indices into `agreed`
+      std::vector<std::vector<int64_t>*> members;
     };
     std::vector<GroupFlags> groups;
-    for (size_t g = 0; g < optim.param_groups().size(); ++g)
+    for (size_t g = 0; g < optim.param_groups().size(); ++g) {
+      records[g].reserve(optim.param_groups()[g].params().size());  // `members` points into it
       for (size_t i = 0; i < optim.param_groups()[g].params().size(); ++i) {
         const at::Tensor& p = optim.param_groups()[g].params()[i];
-        const detail::ModelEntry& e = *info_of(by_impl, p, g, i, api).entry;
-        if (!e.layout) continue;
         const OptimizerParamState* st = detail::find_param_state(optim, p);
-        std::vector<int64_t> flags{st ? 1 : 0, st ? traits.step(*st) : 0};
-        for (const auto& t : st ? traits.tensors(*st) : std::vector<at::Tensor>(names.size()))
-          flags.push_back(t.defined() ? 1 : 0);
+        ParamRecord& r = records[g].emplace_back(ParamRecord{
+            &info_of(by_impl, p, g, i, api), st, st ? traits.tensors(*st) : std::vector<at::Tensor>(names.size()),
+            st ? traits.step(*st) : 0, {}});
+        const detail::ModelEntry& e = *r.info->entry;
+        if (!e.layout) continue;
+        r.flags = {st ? 1 : 0, r.step};
+        for (const auto& t : r.tensors) r.flags.push_back(t.defined() ? 1 : 0);
         auto it = std::find_if(groups.begin(), groups.end(),
                                [&](const GroupFlags& f) { return &f.group->impl() == &group_of(e).impl(); });
         if (it == groups.end()) it = groups.insert(groups.end(), GroupFlags{&group_of(e), {}});
-        it->members.push_back(agreed.size());
-        agreed.push_back(std::move(flags));
+        it->members.push_back(&r.flags);
       }
+    }
     for (const GroupFlags& f : groups) {
       if (f.group->size() == 1) continue;
       std::vector<int64_t> all;
-      for (size_t k : f.members) all.insert(all.end(), agreed[k].begin(), agreed[k].end());
+      for (const auto* flags : f.members) all.insert(all.end(), flags->begin(), flags->end());
       at::Tensor t = at::tensor(all, at::kLong);
       all_reduce(t, ReduceOp::MAX, *f.group);
       const int64_t* v = t.data_ptr<int64_t>();
-      for (size_t k : f.members)
-        for (auto& flag : agreed[k]) flag = *v++;
+      for (auto* flags : f.members)
+        for (auto& flag : *flags) flag = *v++;
     }
   }
-  size_t next_agreed = 0;
 
   OptimizerStateDict sd;
   sd.type = full ? StateDictType::FULL_STATE_DICT : StateDictType::SHARDED_STATE_DICT;
@@ -271,14 +281,15 @@ OptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torc
     out.options = std::shared_ptr<torch::optim::OptimizerOptions>(group.options().clone());
     for (size_t i = 0; i < group.params().size(); ++i) {
       const at::Tensor& p = group.params()[i];
-      const ParamInfo& info = info_of(by_impl, p, g, i, api);
+      const ParamRecord& r = records[g][i];
+      const ParamInfo& info = *r.info;
       out.params.push_back(info.key);
-      const OptimizerParamState* st = detail::find_param_state(optim, p);
+      const OptimizerParamState* st = r.st;
       const detail::ModelEntry& e = *info.entry;
-      std::vector<at::Tensor> tensors = st ? traits.tensors(*st) : std::vector<at::Tensor>(names.size());
-      int64_t step = st ? traits.step(*st) : 0;
+      const std::vector<at::Tensor>& tensors = r.tensors;
+      int64_t step = r.step;
       if (e.layout) {
-        const std::vector<int64_t>& flags = agreed[next_agreed++];
+        const std::vector<int64_t>& flags = r.flags;
         if (flags[0] == 0) continue;
         step = flags[1];
         const int rank = group_of(e).rank();
