@@ -15,6 +15,8 @@
 
 #include <fsdpp/fsdpp.h>
 
+#include "compat/c10d_tensor_collectives.h"
+
 namespace {
 
 // Bytes this process handed to write-like syscalls, sockets included.
@@ -82,8 +84,8 @@ int main(int argc, char** argv) {
   if (gloo_native) {
     try {  // both throw "not supported" where libtorch's Gloo lacks them
       at::Tensor full = at::ones({n}), shard = at::ones({1});
-      c10d_group->_allgather_base(full, shard)->wait();
-      c10d_group->_reduce_scatter_base(shard, full)->wait();
+      fsdpp::compat::all_gather_single(*c10d_group, full, shard)->wait();
+      fsdpp::compat::reduce_scatter_single(*c10d_group, shard, full)->wait();
     } catch (const c10::Error& e) {
       if (rank == 0) std::printf("# --gloo-native: this libtorch's Gloo has no such collective: %s\n", e.what_without_backtrace());
       gloo_native = false;
@@ -106,8 +108,8 @@ int main(int argc, char** argv) {
         measure([&] { fsdpp::all_reduce(full); }, iterations),
     };
     if (gloo_native) {
-      results[3] = measure([&] { c10d_group->_allgather_base(full, shard)->wait(); }, iterations);
-      results[4] = measure([&] { c10d_group->_reduce_scatter_base(shard, full)->wait(); }, iterations);
+      results[3] = measure([&] { fsdpp::compat::all_gather_single(*c10d_group, full, shard)->wait(); }, iterations);
+      results[4] = measure([&] { fsdpp::compat::reduce_scatter_single(*c10d_group, shard, full)->wait(); }, iterations);
     }
     const double s = numel * 4.0;
     for (int k = 0; k < kinds; ++k) {

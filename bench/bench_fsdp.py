@@ -1,11 +1,12 @@
-"""PyTorch's own FSDP1 and DDP on bench_fsdp.cpp's transformer (examples/transformer.h): same
-layers, sizes, local batch, loss, Adam, warm-up and timing, one thread per rank, Gloo on CPU.
+"""PyTorch's own FSDP1, FSDP2 and DDP on bench_fsdp.cpp's transformer (examples/transformer.h):
+same layers, sizes, local batch, loss, Adam, warm-up and timing, one thread per rank, Gloo on CPU.
 Run under torchrun (see run_anchor_bench.sh); prints the slowest rank's median step time.
 
---mode fsdp2 tries FSDP2's fully_shard instead; where PyTorch cannot run it (2.6 on CPU) it
-prints the error and where it was raised, and exits 0.
+--mode fsdp2 is FSDP2's fully_shard; where PyTorch cannot run it (2.6 on CPU) it prints the error
+and where it was raised, and exits 0.
 """
 import argparse
+import gc
 import os
 import time
 import traceback
@@ -92,11 +93,16 @@ def wrap(model, args):
                     backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True,
                     use_orig_params=args.use_orig_params,
                     device_id=torch.device("cpu"))  # else 2.6 looks for an accelerator and stops
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard  # fsdp2
 
+    # As fsdpp's bench: every block, then the root; reshard_after_forward left at its default
+    # (blocks reshard, the root does not). The mesh is named: by default FSDP2 takes the
+    # accelerator's, and a CUDA wheel on a machine with a GPU would then not be on Gloo/CPU.
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for block in model.layers:
-        fully_shard(block)
-    return fully_shard(model)
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 def report_failure(e, rank):
@@ -132,7 +138,8 @@ def main():
     plain = Transformer(args.layers, args.dim, args.vocab, seq, n_heads)
     params = sum(p.numel() for p in plain.parameters())
     model = wrap(plain, args)
-    # On CPU, 2.6's Adam is the per-tensor loop (no foreach kernels), as libtorch's C++ Adam.
+    # On CPU, PyTorch's Adam (2.6 and 2.15) is the per-tensor loop (foreach kernels are for
+    # accelerators), as libtorch's C++ Adam is.
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
     def step():
@@ -166,6 +173,11 @@ def main():
               f"layers={args.layers} dim={args.dim} params={params * 4 / 2**20:.2f}MiB "
               f"local_batch={args.local_batch}x{seq} "
               f"median_step_ms={median.item() * 1e3:.2f}")
+    # The wrapped model holds the process group: dropped first, the group is freed by
+    # destroy_process_group rather than at interpreter exit, where a rank at times aborted
+    # ("terminate called without an active exception"; 2.15, FSDP1, N = 4) after the result.
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs CMD... inside a Debian 13 (trixie: libtorch 2.6) root, on this repository, at the same
+# Runs CMD... inside a Debian 13 (trixie) root against Debian's libtorch 2.6 (FSDPP_LIBTORCH=debian), on this repository, at the same
 # path. The root is made once with debootstrap in a cache folder outside the repository
 # (FSDPP_DEBIAN13_ROOT, default /var/cache/fsdpp/debian13; about 2 minutes plus packages) and
 # reused after. Builds go to build-debian13/ so the two libtorch versions never share a tree.
@@ -39,6 +39,6 @@ bind "$repo"
 cmd=""
 for a in "$@"; do cmd="$cmd '$(printf '%s' "$a" | sed "s/'/'\\\\''/g")'"; done
 chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  LANG=C.UTF-8 TERM="${TERM:-dumb}" CI="${CI:-}" FSDPP_BUILD_DIR=build-debian13 \
+  LANG=C.UTF-8 TERM="${TERM:-dumb}" CI="${CI:-}" FSDPP_LIBTORCH=debian FSDPP_BUILD_DIR=build-debian13 \
   ${OPENBLAS_NUM_THREADS:+OPENBLAS_NUM_THREADS=$OPENBLAS_NUM_THREADS} \
   /bin/sh -c "cd '$repo' && $cmd"

@@ -1,22 +1,43 @@
 #!/bin/sh
-# Installs what fsdpp needs from Debian's packages, on Debian 12 (libtorch 1.13) or Debian 13
-# (libtorch 2.6); skips the download when all are present. OpenBLAS replaces the reference
-# libblas.so.3 that libtorch would otherwise multiply matrices with (15x slower here). On Debian
-# 12, clang 14 and its runtime too, for the fuzzers CI runs there. fortunes: the main job's text
-# (scripts/make-corpus.sh).
+# Installs what fsdpp needs, on Debian 12 or 13; skips what is present.
+#   FSDPP_LIBTORCH=pypi (default; scripts/libtorch.sh): PyTorch's libtorch from PyPI
+#     (torch==2.15.*, CUDA-enabled, with safetensors) into a virtual environment outside the
+#     repository; Debian's libgloo-dev for the Gloo headers PyTorch's libtorch lacks.
+#   FSDPP_LIBTORCH=debian: Debian's libtorch-dev and python3-torch (Debian 13: 2.6), with OpenBLAS
+#     in place of the reference libblas.so.3 libtorch would otherwise multiply with (15x slower).
+# On Debian 12, clang 14 and its runtime too, for the fuzzers CI runs there. fortunes: the main
+# job's text (scripts/make-corpus.sh).
 set -eu
-packages="cmake g++ make ccache libtorch-dev libgloo-dev nlohmann-json3-dev libcli11-dev libfmt-dev
-  libgtest-dev libgmock-dev libxxhash-dev python3-torch libopenblas0-pthread iproute2 fortunes"
+cd "$(dirname "$0")/.."
+. scripts/libtorch.sh
+packages="cmake g++ make ccache libgloo-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev
+  libgmock-dev libxxhash-dev python3 iproute2 fortunes"
+case "$FSDPP_LIBTORCH" in
+  pypi) packages="$packages python3-venv" ;;
+  debian) packages="$packages libtorch-dev python3-torch libopenblas0-pthread" ;;
+esac
 . /etc/os-release
 case "${VERSION_ID:-}" in
   12) packages="$packages clang-14 libclang-rt-14-dev llvm-14" ;;  # libFuzzer + sanitizers, llvm-symbolizer (scripts/run-fuzzers.sh)
-  13) packages="$packages python3-safetensors" ;;  # the interop test reads our files with it
+  13) [ "$FSDPP_LIBTORCH" = debian ] && packages="$packages python3-safetensors" ;;  # the interop tests read our files with it
   *) echo "install-deps: Debian 12 or 13 expected, found ${PRETTY_NAME:-unknown}; trying anyway" >&2 ;;
 esac
 missing=$(for p in $packages; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || echo "$p"; done)
-[ -z "$missing" ] && exit 0
-sudo=""
-[ "$(id -u)" -ne 0 ] && sudo="sudo"
-$sudo apt-get update -q
-# shellcheck disable=SC2086
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends $missing
+if [ -n "$missing" ]; then
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -q
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends $missing
+fi
+if [ "$FSDPP_LIBTORCH" = pypi ]; then
+  # The venv is made with Debian's Python, so the same steps work on Debian 12 and 13.
+  marker="$FSDPP_TORCH_VENV/.fsdpp-$(echo "$FSDPP_TORCH_SPEC" | tr -c 'A-Za-z0-9.=\n' _)"
+  if [ ! -f "$marker" ]; then
+    echo "install-deps: installing $FSDPP_TORCH_SPEC and safetensors from PyPI into $FSDPP_TORCH_VENV"
+    rm -rf "$FSDPP_TORCH_VENV"
+    /usr/bin/python3 -m venv "$FSDPP_TORCH_VENV"
+    "$FSDPP_PYTHON" -m pip install -q "$FSDPP_TORCH_SPEC" safetensors numpy
+    touch "$marker"
+  fi
+fi

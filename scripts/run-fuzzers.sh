@@ -7,7 +7,8 @@
 # crashes, leaks, times out on an input (-timeout, default 10 s) or trips a sanitizer; the input
 # is saved as build-fuzz/artifacts/<target>-crash-<sha1> and printed in base64, so it survives
 # a CI log (reproduce: base64 -d > FILE; build-fuzz/<target> FILE).
-# Debian 12 (libtorch 1.13, clang 14) only. See docs/fuzzing.md.
+# Debian 12 (clang 14), against the libtorch scripts/libtorch.sh names (PyTorch's 2.15 from PyPI
+# by default). See docs/fuzzing.md.
 #   scripts/run-fuzzers.sh [SECONDS] [TARGET...]
 # Environment: FSDPP_FUZZ_BUILD_DIR (build-fuzz), FSDPP_FUZZ_CXX (clang++-14 or clang++),
 # FSDPP_FUZZ_TIMEOUT (10), FSDPP_FUZZ_SEED (1; 0 = random), FSDPP_FUZZ_ARGS (more libFuzzer
@@ -22,12 +23,15 @@ cxx=${FSDPP_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++ || echo clan
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 
 scripts/install-deps.sh
+. scripts/libtorch.sh
 # The build alone holds the global build lock (scripts/build.sh), not the runs.
 start=$(date +%s)
 (
   exec 9>/tmp/fsdpp-build.lock
   flock 9
-  cmake -S fuzz -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" >/dev/null
+  # shellcheck disable=SC2046
+  cmake -S fuzz -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
+    $(fsdpp_cmake_args) >/dev/null
   cmake --build "$build" -j2
 )
 echo "run-fuzzers: built in $(( $(date +%s) - start )) s"

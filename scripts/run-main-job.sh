@@ -6,12 +6,12 @@
 set -eu
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-scripts/build.sh
+scripts/build.sh fsdpp-run train_gpt  # what the job runs, not the tests
 run=build/main-job
 rm -rf "$run"
 mkdir -p "$run"
 scripts/make-corpus.sh "$run/corpus.txt"
-export OPENBLAS_NUM_THREADS=1  # one thread per rank: 4 ranks share the cores
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1  # one thread per rank: 4 ranks share the cores
 echo "main job: $(scripts/describe-platform.sh)"
 build/tools/fsdpp-run --nproc-per-node 4 build/examples/train_gpt \
   --data "$run/corpus.txt" --ckpt-dir "$run/ckpt" \

@@ -8,12 +8,14 @@ set -eu
 cd "$(dirname "$0")/.."
 regex=${1:-^Checkpoint|Safetensors}
 build=${FSDPP_ASAN_BUILD_DIR:-build-asan}
+. scripts/libtorch.sh
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 start=$(date +%s)
 (
   exec 9>/tmp/fsdpp-build.lock
   flock 9
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DFSDPP_SANITIZE=ON -DFSDPP_BUILD_BENCH=OFF \
+  # shellcheck disable=SC2046
+  cmake -S . -B "$build" $(fsdpp_cmake_args) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DFSDPP_SANITIZE=ON -DFSDPP_BUILD_BENCH=OFF \
     -DFSDPP_BUILD_EXAMPLES=OFF -DFSDPP_TEST_SOURCES_MATCHING='/test_checkpoint|safetensors' >/dev/null
   cmake --build "$build" -j2 --target fsdpp_tests fsdpp-ckpt
 )

@@ -9,7 +9,6 @@
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <fsdpp/error.h>
@@ -65,24 +64,32 @@ bool is_loopback(const std::string& host) {
 // GLOO_SOCKET_IFNAME, PyTorch binds to what the host name resolves to, often 127.0.0.1 or
 // nothing at all, so peers on other nodes cannot connect; fsdpp binds to the address whose
 // route leads to the master (`master_host`), and to loopback only when the master is local.
-std::shared_ptr<::gloo::transport::Device> gloo_device(bool local_only, const std::string& master_host) {
+// The process's Gloo device and the address it was asked to bind, for error messages (asking the
+// device itself would be a virtual call through Gloo's headers, which fsdpp avoids: docs/building.md).
+struct BoundGlooDevice {
+  compat::GlooDevice device;
+  std::string address;
+};
+
+BoundGlooDevice gloo_device(bool local_only, const std::string& master_host) {
   static std::mutex mutex;
-  static std::shared_ptr<::gloo::transport::Device> device;
+  static BoundGlooDevice bound;
   std::lock_guard<std::mutex> lock(mutex);
-  if (!device) {
+  if (!bound.device) {
     const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
     // Resolving the master may block on DNS: only when the interface is not given.
     const std::string towards_master = ifname || local_only ? "" : detail::local_address_towards(master_host);
-    if (ifname)
-      device = c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-    else if (local_only)
-      device = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-    else if (!towards_master.empty())
-      device = c10d::ProcessGroupGloo::createDeviceForHostname(towards_master);
-    else
-      device = c10d::ProcessGroupGloo::createDefaultDevice();
+    if (ifname) {
+      bound = {compat::gloo_device_for_interface(ifname), "interface " + std::string(ifname)};
+    } else if (local_only) {
+      bound = {compat::gloo_device_for_hostname("127.0.0.1"), "127.0.0.1"};
+    } else if (!towards_master.empty()) {
+      bound = {compat::gloo_device_for_hostname(towards_master), towards_master};
+    } else {
+      bound = {compat::gloo_default_device(), "the address this host's name resolves to"};
+    }
   }
-  return device;
+  return bound;
 }
 
 // FSDPP_TIMEOUT_SECONDS (set by `fsdpp-run --timeout S`, or by hand under torchrun) bounds
@@ -223,14 +230,14 @@ void connect(detail::ProcessGroupImpl& g, bool local_only, std::chrono::millisec
              const std::string& master_host = "") {
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("fsdpp/" + g.name + "/", g.store);
   wait_for_members(g, prefixed, "arrived", arrival);
-  auto device = gloo_device(local_only, master_host);
+  const BoundGlooDevice bound = gloo_device(local_only, master_host);
   try {
-    g.backend = compat::make_gloo_backend(prefixed, g.rank, g.size(), g.timeout, device);
+    g.backend = compat::make_gloo_backend(prefixed, g.rank, g.size(), g.timeout, bound.device);
   } catch (const std::exception& e) {
     // The address a rank advertises is what its peers dial: a loopback one on a multi-node
     // job is the usual cause (GLOO_SOCKET_IFNAME picks the interface).
     throw Error("connecting " + g.where() + " with ranks " + list_ranks(g.ranks) + " failed: " + message_without_backtrace(e) +
-                " (this rank listens on " + device->str() + (std::getenv("GLOO_SOCKET_IFNAME") ? "" : "; GLOO_SOCKET_IFNAME is unset") + ")");
+                " (this rank listens on " + bound.address + (std::getenv("GLOO_SOCKET_IFNAME") ? "" : "; GLOO_SOCKET_IFNAME is unset") + ")");
   }
   // As PyTorch's store-based barrier: nobody leaves before everyone is connected, or a rank
   // that finishes early would close connections a peer is still setting up.
@@ -381,8 +388,8 @@ ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
 
 ProcessGroup init_process_group(const InitProcessGroupOptions& options) {
   if (options.backend_ != "gloo") {
-    throw Error("backend '" + options.backend_ + "' is not available: this libtorch " +
-                (options.backend_ == "nccl" ? "was built without NCCL" : "offers only 'gloo'"));
+    throw Error("backend '" + options.backend_ + "' is not available: fsdpp runs its collectives on 'gloo' only" +
+                (options.backend_ == "nccl" ? " so far (CPU tensors; NCCL and CUDA devices are not supported yet)" : ""));
   }
   // One deadline for the whole rendezvous: store, arrival of every rank.
   const std::chrono::milliseconds timeout = timeout_from(options.timeout_);

@@ -1,6 +1,6 @@
 #pragma once
-// The key of torch::optim::Optimizer::state(): the parameter's TensorImpl address printed as a
-// string in libtorch 1.13, the TensorImpl* itself in 2.x.
+// The key of torch::optim::Optimizer::state(), as libtorch spells it (the parameter's TensorImpl*
+// in every supported release); fsdpp names it through this seam only.
 #include <type_traits>
 #include <utility>
 
@@ -13,6 +13,6 @@ using OptimizerStateKey =
     std::remove_reference_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
 
 // The key under which libtorch's optimizers keep `param`'s state.
-OptimizerStateKey optimizer_state_key(const at::Tensor& param);
+inline OptimizerStateKey optimizer_state_key(const at::Tensor& param) { return param.unsafeGetTensorImpl(); }
 
 }  // namespace fsdpp::compat

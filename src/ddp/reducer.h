@@ -28,6 +28,8 @@
 
 #include <fsdpp/distributed_data_parallel.h>
 
+#include "compat/autograd_node.h"
+
 namespace fsdpp::detail {
 
 class Reducer : public std::enable_shared_from_this<Reducer> {
@@ -62,7 +64,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     at::Tensor tensor;
     size_t bucket = 0;
     size_t slot = 0;  // position in the bucket
-    std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive so our hook stays on it
+    compat::AutogradNodePtr accumulator;  // kept alive so our hook stays on it
     uintptr_t hook_key = 0;
   };
   struct Bucket {

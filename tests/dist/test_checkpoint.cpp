@@ -235,13 +235,13 @@ TEST(Checkpoint, DataFilesReadByStdlibPython) {
     ckpt::save(state, dir);
     if (ctx.rank != 0) return;
     int status = 0;
-    const std::string out = testing::run_command("python3 " + testing::python_tool() + " checkpoint " + dir, status);
+    const std::string out = testing::run_command(testing::python() + " " + testing::python_tool() + " checkpoint " + dir, status);
     ASSERT_EQ(status, 0) << out;
     const auto j = nlohmann::json::parse(out);
     for (const auto& [key, full] : ref) EXPECT_EQ(j["tensors"][key]["hex"].get<std::string>(), testing::hex_of(full)) << key;
     EXPECT_EQ(j["values"]["step"].get<int64_t>(), 42);
     for (const auto& f : ckpt::read_metadata(dir).files) {
-      testing::run_command("python3 " + testing::python_tool() + " read " + dir + "/" + f + " >/dev/null", status);
+      testing::run_command(testing::python() + " " + testing::python_tool() + " read " + dir + "/" + f + " >/dev/null", status);
       EXPECT_EQ(status, 0) << f;
     }
   });
@@ -521,7 +521,7 @@ TEST(Checkpoint, FsdppCkptTool) {
     ASSERT_EQ(status, 0);
     const auto whole = ckpt::load_safetensors(out);
     for (const auto& [key, full] : ref) EXPECT_TRUE(at::equal(whole.at(key), full)) << key;
-    const std::string py = testing::run_command("python3 " + testing::python_tool() + " read " + out, status);
+    const std::string py = testing::run_command(testing::python() + " " + testing::python_tool() + " read " + out, status);
     ASSERT_EQ(status, 0);
     const auto j = nlohmann::json::parse(py);
     for (const auto& [key, full] : ref) EXPECT_EQ(j[key]["hex"].get<std::string>(), testing::hex_of(full)) << key;

@@ -344,15 +344,10 @@ INSTANTIATE_TEST_SUITE_P(, CheckpointResume,
 // Python's own safetensors package (Hugging Face's) reads what fsdpp writes: each rank's data
 // file of a sharded FSDP checkpoint (7 rows on 2 ranks, so one shard is padded) and the file
 // `fsdpp-ckpt consolidate` makes; every tensor equals the model's full state dict.
-// python3-safetensors is packaged in Debian 13 only: on Debian 12 this test is skipped, saying so.
 TEST(CheckpointInterop, PythonSafetensorsReadsRankFilesAndConsolidated) {
   int status = 0;
-  testing::run_command("python3 -c 'import safetensors' 2>/dev/null", status);
-  if (status != 0) {
-    testing::run_command("grep -q '^VERSION_ID=\"12\"' /etc/os-release", status);
-    if (status == 0) GTEST_SKIP() << "python3-safetensors is not packaged in Debian 12; this runs in the Debian 13 leg";
-    FAIL() << "Python's safetensors package is missing (scripts/install-deps.sh installs python3-safetensors)";
-  }
+  testing::run_command(testing::python() + " -c 'import safetensors' 2>/dev/null", status);
+  ASSERT_EQ(status, 0) << testing::python() << " has no safetensors package (scripts/install-deps.sh installs it)";
   testing::run_ranks(2, [](RankContext& ctx) {
     const std::string dir = ctx.temp_dir + "/ckpt";
     torch::manual_seed(0);
@@ -373,7 +368,7 @@ TEST(CheckpointInterop, PythonSafetensorsReadsRankFilesAndConsolidated) {
     std::string out = testing::run_command(testing::ckpt_tool() + " consolidate " + dir + " " + consolidated + " 2>&1", status);
     ASSERT_EQ(status, 0) << out;
     const std::string checker = (std::filesystem::path(testing::python_tool()).parent_path() / "check_with_safetensors.py").string();
-    out = testing::run_command("python3 " + checker + " " + dir + " " + consolidated + " " + ctx.temp_dir + "/expected.json 2>&1", status);
+    out = testing::run_command(testing::python() + " " + checker + " " + dir + " " + consolidated + " " + ctx.temp_dir + "/expected.json 2>&1", status);
     EXPECT_EQ(status, 0) << out;
     EXPECT_NE(out.find("ok: 2 tensors equal from 2 rank files"), std::string::npos) << out;
   });

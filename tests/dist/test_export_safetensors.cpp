@@ -420,16 +420,12 @@ TEST(ExportSafetensorsDiskFull, WriteFailsMidFile) {
 }
 
 // Python's safetensors (Hugging Face's) opens an exported file (3 ranks: uneven rows) and finds
-// the model's full state dict, dtypes included. python3-safetensors is packaged in Debian 13
-// only: on Debian 12 this test is skipped, saying so.
+// the model's full state dict, dtypes included. It runs on both legs (safetensors
+// from PyPI beside PyPI's torch, python3-safetensors in Debian 13).
 TEST(CheckpointInterop, PythonSafetensorsReadsExport) {
   int status = 0;
-  testing::run_command("python3 -c 'import safetensors' 2>/dev/null", status);
-  if (status != 0) {
-    testing::run_command("grep -q '^VERSION_ID=\"12\"' /etc/os-release", status);
-    if (status == 0) GTEST_SKIP() << "python3-safetensors is not packaged in Debian 12; this runs in the Debian 13 leg";
-    FAIL() << "Python's safetensors package is missing (scripts/install-deps.sh installs python3-safetensors)";
-  }
+  testing::run_command(testing::python() + " -c 'import safetensors' 2>/dev/null", status);
+  ASSERT_EQ(status, 0) << testing::python() << " has no safetensors package (scripts/install-deps.sh installs it)";
   testing::run_ranks(3, [](RankContext& ctx) {
     torch::manual_seed(0);
     auto model = fully_shard(ExportNet(), per_block());
@@ -448,7 +444,7 @@ TEST(CheckpointInterop, PythonSafetensorsReadsExport) {
         (fs::path(testing::python_tool()).parent_path() / "check_export_with_safetensors.py").string();
     int status = 0;
     const std::string out =
-        testing::run_command("python3 " + checker + " " + file + " " + ctx.temp_dir + "/expected.json 2>&1", status);
+        testing::run_command(testing::python() + " " + checker + " " + file + " " + ctx.temp_dir + "/expected.json 2>&1", status);
     EXPECT_EQ(status, 0) << out;
     EXPECT_NE(out.find("ok: " + std::to_string(full.size()) + " tensors equal"), std::string::npos) << out;
   });

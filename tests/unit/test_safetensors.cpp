@@ -67,7 +67,7 @@ TEST_F(Safetensors, FileReadByStdlibPythonGivesTheSameBytes) {
   const std::string file = dir_ + "/m.safetensors";
   ckpt::save_safetensors(tensors, file);
   int status = 0;
-  const std::string out = testing::run_command("python3 " + testing::python_tool() + " read " + file, status);
+  const std::string out = testing::run_command(testing::python() + " " + testing::python_tool() + " read " + file, status);
   ASSERT_EQ(status, 0) << out;
   const auto j = nlohmann::json::parse(out);
   ASSERT_EQ(j.size(), tensors.size());
@@ -94,7 +94,7 @@ std::map<std::string, at::Tensor> python_written() {
 TEST_F(Safetensors, PythonWrittenFileLoadsWhole) {
   const std::string file = dir_ + "/hf.safetensors";
   int status = 0;
-  testing::run_command("python3 " + testing::python_tool() + " write " + file, status);
+  testing::run_command(testing::python() + " " + testing::python_tool() + " write " + file, status);
   ASSERT_EQ(status, 0);
   const auto got = ckpt::load_safetensors(file);
   for (const auto& [name, t] : python_written()) {
@@ -106,7 +106,7 @@ TEST_F(Safetensors, PythonWrittenFileLoadsWhole) {
 TEST_F(Safetensors, PythonWrittenFileLoadsIntoRowShards) {
   const std::string file = dir_ + "/hf.safetensors";
   int status = 0;
-  testing::run_command("python3 " + testing::python_tool() + " write " + file, status);
+  testing::run_command(testing::python() + " " + testing::python_tool() + " write " + file, status);
   ASSERT_EQ(status, 0);
   const auto ref = python_written();
   // Three "ranks", each loading its dim-0 rows (rank 2's slice of b.bias is one row).

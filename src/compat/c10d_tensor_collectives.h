@@ -1,0 +1,40 @@
+#pragma once
+// c10d::ProcessGroup's single-tensor all-gather and reduce-scatter: `_allgather_base` and
+// `_reduce_scatter_base` in 2.6, renamed `all_gather_single` / `reduce_scatter_single` in 2.15
+// (the old names deprecated). The new name is used where it exists.
+#include <utility>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+namespace fsdpp::compat {
+namespace detail {
+
+template <typename Group>
+auto all_gather_single(Group& g, at::Tensor& out, at::Tensor& in, int) -> decltype(g.all_gather_single(out, in)) {
+  return g.all_gather_single(out, in);
+}
+template <typename Group>
+auto all_gather_single(Group& g, at::Tensor& out, at::Tensor& in, long) {
+  return g._allgather_base(out, in);
+}
+template <typename Group>
+auto reduce_scatter_single(Group& g, at::Tensor& out, at::Tensor& in, int)
+    -> decltype(g.reduce_scatter_single(out, in)) {
+  return g.reduce_scatter_single(out, in);
+}
+template <typename Group>
+auto reduce_scatter_single(Group& g, at::Tensor& out, at::Tensor& in, long) {
+  return g._reduce_scatter_base(out, in);
+}
+
+}  // namespace detail
+
+inline c10::intrusive_ptr<c10d::Work> all_gather_single(c10d::ProcessGroup& g, at::Tensor& out, at::Tensor& in) {
+  return detail::all_gather_single(g, out, in, 0);
+}
+inline c10::intrusive_ptr<c10d::Work> reduce_scatter_single(c10d::ProcessGroup& g, at::Tensor& out, at::Tensor& in) {
+  return detail::reduce_scatter_single(g, out, in, 0);
+}
+
+}  // namespace fsdpp::compat
