@@ -5,23 +5,25 @@
 #     repository; Debian's libgloo-dev for the Gloo headers PyTorch's libtorch lacks.
 #   FSDPP_LIBTORCH=debian: Debian's libtorch-dev and python3-torch (Debian 13: 2.6), with OpenBLAS
 #     in place of the reference libblas.so.3 libtorch would otherwise multiply with (15x slower).
-# On Debian 12, clang 14 and its runtime too, for the fuzzers CI runs there. fortunes: the main
-# job's text (scripts/make-corpus.sh).
+# fortunes: the main job's text (scripts/make-corpus.sh). More Debian packages may be named
+# (scripts/run-fuzzers.sh adds clang's).
+#   scripts/install-deps.sh [PACKAGE...]
 set -eu
 cd "$(dirname "$0")/.."
 . scripts/libtorch.sh
 packages="cmake g++ make ccache libgloo-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev
-  libgmock-dev libxxhash-dev python3 iproute2 fortunes"
+  libgmock-dev libxxhash-dev python3 iproute2 fortunes $*"
 case "$FSDPP_LIBTORCH" in
   pypi) packages="$packages python3-venv" ;;
   debian) packages="$packages libtorch-dev python3-torch libopenblas0-pthread" ;;
 esac
 . /etc/os-release
 case "${VERSION_ID:-}" in
-  12) packages="$packages clang-14 libclang-rt-14-dev llvm-14" ;;  # libFuzzer + sanitizers, llvm-symbolizer (scripts/run-fuzzers.sh)
-  13) [ "$FSDPP_LIBTORCH" = debian ] && packages="$packages python3-safetensors" ;;  # the interop tests read our files with it
+  12 | 13) ;;
   *) echo "install-deps: Debian 12 or 13 expected, found ${PRETTY_NAME:-unknown}; trying anyway" >&2 ;;
 esac
+# The interop tests read fsdpp's files with Python's safetensors (from PyPI on the pypi leg).
+if [ "$FSDPP_LIBTORCH" = debian ]; then packages="$packages python3-safetensors"; fi
 missing=$(for p in $packages; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || echo "$p"; done)
 if [ -n "$missing" ]; then
   sudo=""

@@ -22,7 +22,7 @@ build=${FSDPP_FUZZ_BUILD_DIR:-build-fuzz}
 cxx=${FSDPP_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++ || echo clang++)}
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 
-scripts/install-deps.sh
+scripts/install-deps.sh clang-14 libclang-rt-14-dev llvm-14  # libFuzzer + sanitizers, llvm-symbolizer
 . scripts/libtorch.sh
 # The build alone holds the global build lock (scripts/build.sh), not the runs.
 start=$(date +%s)
