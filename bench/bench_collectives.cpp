@@ -1,8 +1,9 @@
 // Bandwidth of all_gather_into_tensor, reduce_scatter_tensor and all_reduce, reported as
 // nccl-tests does (algorithm and bus bandwidth), with the bytes each rank put on the wire:
 // as CommDebugMode counts them and as the kernel counted them (/proc/self/io wchar).
-// With --gloo-native it also times libtorch's own Gloo _allgather_base / _reduce_scatter_base
-// (libtorch 2.x has them; 1.13's Gloo does not), whose bytes only the kernel column sees.
+// With --gloo-native it also times libtorch's own Gloo single-tensor all-gather and
+// reduce-scatter (`all_gather_single` / `reduce_scatter_single`), whose bytes only the kernel
+// column sees.
 // Run under the launcher: fsdpp-run --nproc-per-node 4 bench_collectives
 #include <chrono>
 #include <cstdio>

@@ -1,4 +1,4 @@
-"""init_process_group("gloo") for the Python anchors, on PyTorch 1.13 and 2.x alike.
+"""init_process_group("gloo") for the Python anchors, on PyTorch 2.x (Debian's 2.6 and PyPI's 2.15).
 
 PyTorch 2.x's TCPStore defaults to a libuv backend that Debian's build lacks, and the client a
 rank makes of torchrun's agent store ignores USE_LIBUV; so on 2.x every store is made with

@@ -5,9 +5,10 @@
 # Usage: [ROUNDS=5] bench/run_ddp_bench.sh [build-dir]
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
-build=${1:-$here/../build}
+. "$here/../scripts/libtorch.sh"  # FSDPP_PYTHON: the Python whose torch fsdpp links
+build=${1:-$here/../${FSDPP_BUILD_DIR:-build}}
 rounds=${ROUNDS:-3}
-torchrun="/usr/bin/python3 $here/../tests/torchrun/torchrun.py"
+torchrun="$FSDPP_PYTHON $here/../tests/torchrun/torchrun.py"
 args="--hidden 1024 --layers 4 --global-batch 64 --steps 30"
 step_ms() { sed -n 's/.*median_step_ms=\([0-9.]*\).*/\1/p' | tail -n 1; }
 single=$("$build/bench/bench_ddp" --mode single $args | step_ms)

@@ -21,9 +21,7 @@ flock 9
 # (tests/dist/test_fully_shard.cpp without its precompiled header: -O2 -g 58.8 s, -O2 -g1 34.5 s);
 # -g1 keeps file:line in backtraces and sanitizer reports. run-fuzzers.sh and
 # run-sanitized-tests.sh pass the same flags.
-# shellcheck disable=SC2046
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
-  $(fsdpp_cmake_args) >/dev/null
+fsdpp_configure -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" >/dev/null
 targets=""
 for t in "$@"; do targets="$targets --target $t"; done
 # shellcheck disable=SC2086

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 torch=$("$FSDPP_PYTHON" -c 'import torch
 cuda = "CUDA-enabled (CUDA " + torch.version.cuda + ")" if torch.version.cuda else "CPU-only"
 blas = next((w.split("=")[1].rstrip(",") for w in torch.__config__.show().split() if w.startswith("BLAS_INFO=")), "?")
-print(torch.__version__, cuda, blas, sep="|")' 2>/dev/null) || torch="? ? ?"
+print(torch.__version__, cuda, blas, sep="|")' 2>/dev/null) || torch="?|?|?"
 IFS="|"; set -- $torch; unset IFS
 case "$FSDPP_LIBTORCH" in
   pypi) from="PyPI's torch $1 ($FSDPP_TORCH_VENV)"; blas=$3 ;;

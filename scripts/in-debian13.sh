@@ -1,8 +1,9 @@
 #!/bin/sh
-# Runs CMD... inside a Debian 13 (trixie) root against Debian's libtorch 2.6 (FSDPP_LIBTORCH=debian), on this repository, at the same
-# path. The root is made once with debootstrap in a cache folder outside the repository
-# (FSDPP_DEBIAN13_ROOT, default /var/cache/fsdpp/debian13; about 2 minutes plus packages) and
-# reused after. Builds go to build-debian13/ so the two libtorch versions never share a tree.
+# Runs CMD... inside a Debian 13 (trixie) root, against Debian's libtorch 2.6
+# (FSDPP_LIBTORCH=debian), on this repository, at the same path. The root is made once with
+# debootstrap in a cache folder outside the repository (FSDPP_DEBIAN13_ROOT, default
+# /var/cache/fsdpp/debian13; about 2 minutes plus packages) and reused after. Builds go to
+# build-debian13/ so the two libtorch releases never share a tree.
 # Needs root (or sudo).  Example: scripts/in-debian13.sh scripts/run-tests.sh
 set -eu
 [ $# -ge 1 ] || { echo "usage: $0 CMD [ARGS...]" >&2; exit 2; }

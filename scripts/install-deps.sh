@@ -33,13 +33,25 @@ if [ -n "$missing" ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends $missing
 fi
 if [ "$FSDPP_LIBTORCH" = pypi ]; then
-  # The venv is made with Debian's Python, so the same steps work on Debian 12 and 13.
-  marker="$FSDPP_TORCH_VENV/.fsdpp-$(echo "$FSDPP_TORCH_SPEC" | tr -c 'A-Za-z0-9.=\n' _)"
-  if [ ! -f "$marker" ]; then
+  # PyPI's torch is CUDA-enabled: its CMake package stops without the CUDA toolkit.
+  command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || {
+    echo "install-deps: PyPI's $FSDPP_TORCH_SPEC is CUDA-enabled, and its CMake package needs the CUDA" \
+      "toolkit (nvcc, on PATH or in /usr/local/cuda) at configure time; no GPU is needed." \
+      "Install NVIDIA's CUDA toolkit, or build against Debian's libtorch (FSDPP_LIBTORCH=debian, Debian 13)." >&2
+    exit 1; }
+  # The venv is made with Debian's Python, so the same steps work on Debian 12 and 13; a marker
+  # names the spec installed. A folder without the marker is not this script's: left alone.
+  marker="$FSDPP_TORCH_VENV/.fsdpp-installed"
+  if [ ! -f "$marker" ] || [ "$(cat "$marker")" != "$FSDPP_TORCH_SPEC" ]; then
+    if [ -e "$FSDPP_TORCH_VENV" ] && [ ! -f "$marker" ]; then
+      echo "install-deps: $FSDPP_TORCH_VENV exists but was not made by this script; move it away or set" \
+        "FSDPP_TORCH_VENV to another folder" >&2
+      exit 1
+    fi
     echo "install-deps: installing $FSDPP_TORCH_SPEC and safetensors from PyPI into $FSDPP_TORCH_VENV"
     rm -rf "$FSDPP_TORCH_VENV"
     /usr/bin/python3 -m venv "$FSDPP_TORCH_VENV"
     "$FSDPP_PYTHON" -m pip install -q "$FSDPP_TORCH_SPEC" safetensors numpy
-    touch "$marker"
+    echo "$FSDPP_TORCH_SPEC" >"$marker"
   fi
 fi

@@ -29,9 +29,8 @@ start=$(date +%s)
 (
   exec 9>/tmp/fsdpp-build.lock
   flock 9
-  # shellcheck disable=SC2046
-  cmake -S fuzz -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
-    $(fsdpp_cmake_args) >/dev/null
+  fsdpp_configure -S fuzz -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" >/dev/null
   cmake --build "$build" -j2
 )
 echo "run-fuzzers: built in $(( $(date +%s) - start )) s"

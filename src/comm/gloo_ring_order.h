@@ -8,8 +8,9 @@
 // c. Its partial sum starts on rank c - 1 and travels down the ring, each rank adding its own
 // values, so every element of chunk c is ((x[c-1] + x[c-2]) + ...) + x[c] (ranks modulo N),
 // each addition rounded to the dtype (float16 too). The all-gather after it only moves bytes.
-// The same in the gloo PyTorch 1.13 pinned (5b14351, Debian 12's libgloo), Debian 13's (5354032)
-// and gloo's 2025 head.
+// The same in the gloo PyTorch 1.13 pinned (5b14351, Debian 12's libgloo), Debian 13's (5354032),
+// gloo's 2025 head and the Gloo in PyTorch 2.15's wheel (the shared-memory transport's same-bits
+// tests pass against it).
 #include <cstdint>
 
 namespace fsdpp::detail {

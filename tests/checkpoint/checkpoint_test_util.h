@@ -44,8 +44,9 @@ inline std::string run_command(const std::string& command, int& status) {
   return out;
 }
 
-// The Python whose torch matches the libtorch under test (CMake's FSDPP_PYTHON), with safetensors.
-inline std::string python() { return FSDPP_TEST_PYTHON; }
+// The Python whose torch matches the libtorch under test (CMake's FSDPP_PYTHON), with safetensors,
+// quoted for a shell command line.
+inline std::string python() { return "'" FSDPP_TEST_PYTHON "'"; }
 
 inline std::string python_tool() {
   return (std::filesystem::path(__FILE__).parent_path() / "safetensors_tool.py").string();

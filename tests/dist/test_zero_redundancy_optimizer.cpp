@@ -150,7 +150,7 @@ void expect_same_params(const std::vector<torch::Tensor>& a, const std::vector<t
     EXPECT_TRUE(same(a[i], b[i], rtol, atol)) << what << ": parameter " << i << " differs:\n" << a[i] << "\n" << b[i];
 }
 
-// Sets every gradient to None (PyTorch 2's zero_grad; libtorch 1.13's zero_grad zeroes instead).
+// Sets every gradient to None (PyTorch 2's zero_grad, whatever the libtorch's zero_grad does).
 void set_grads_to_none(torch::optim::Optimizer& o) {
   for (auto& g : o.param_groups())
     for (auto& p : g.params()) p.mutable_grad().reset();
@@ -853,7 +853,7 @@ TEST_P(ZeroRedundancyOptimizer, CollectShards) {
   });
 }
 
-// libtorch 1.13's SGD, Adam and AdamW have no `maximize` option. PyTorch's maximize steps on the
+// libtorch's SGD, Adam and AdamW have no `maximize` option (2.15 neither). PyTorch's maximize steps on the
 // negated gradient; this user subclass does exactly that, so maximize=true runs a user-defined
 // optimizer through ZeRO (state types found through its base class).
 template <typename Base>

@@ -1,8 +1,8 @@
 """PyTorch's own torchrun (torch.distributed.run), for checking that fsdpp programs run under it.
 
-Debian's python3-torch 1.13 on Python 3.11 cannot parse torchrun's default "--redirects 0":
-Std.from_str("0") returns None, because Python 3.11 no longer yields the zero-valued flag when
-iterating an IntFlag. This shim maps "0" to Std.NONE and otherwise runs torchrun unchanged.
+Debian's python3-torch 1.13 on Python 3.11 could not parse torchrun's default "--redirects 0"
+(Std.from_str("0") returned None: Python 3.11 no longer yields the zero-valued flag when iterating
+an IntFlag); this shim maps "0" to Std.NONE, harmless on 2.x, and otherwise runs torchrun unchanged.
 PyTorch 2.x's TCPStore defaults to a libuv backend that Debian's build lacks ("use_libuv was
 requested but PyTorch was build without libuv support"): USE_LIBUV=0 covers the workers'
 init_process_group, and the agent's own store (static rendezvous) is made with use_libuv=False.
