@@ -26,7 +26,11 @@ fsdpp_configure() {
   if [ "$FSDPP_LIBTORCH" = pypi ]; then
     prefix=$("$FSDPP_PYTHON" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)') || {
       echo "no torch in $FSDPP_PYTHON: run scripts/install-deps.sh" >&2; return 1; }
-    cmake "$@" -DCMAKE_PREFIX_PATH="$prefix" -DTorch_DIR="$prefix/Torch" -DFSDPP_PYTHON="$FSDPP_PYTHON"
+    # c10_LIBRARY too: TorchConfig finds libc10 with find_library(... PATHS), which searches the
+    # system's folders first, so where Debian's libtorch-dev is also installed it linked Debian's
+    # libc10.so.2.6 beside the wheel's (two c10 registries: "Key already registered").
+    cmake "$@" -DCMAKE_PREFIX_PATH="$prefix" -DTorch_DIR="$prefix/Torch" -Dc10_LIBRARY="$prefix/../../lib/libc10.so" \
+      -DFSDPP_PYTHON="$FSDPP_PYTHON"
   else
     cmake "$@" -DFSDPP_PYTHON="$FSDPP_PYTHON"
   fi
