@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
       const double psi = unit->unsharded_padded_numel() * 4.0;
       largest_unit = std::max(largest_unit, psi);
       if (unit->is_root()) root_unit = psi;
-      const bool reshards = !unit->is_root() && unit->options().reshard_after_forward_.reshards();
+      const bool reshards = !unit->is_root() && unit->reshard_after_forward().reshards();
       bound += (reshards ? 3.0 : 2.0) * (n - 1) / n * psi;
     }
   double wire = 0;

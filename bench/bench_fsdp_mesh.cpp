@@ -73,7 +73,7 @@ Bytes fsdp_bound(torch::nn::Module& model, int shard, int replicate, double* lar
     if (auto* unit = dynamic_cast<fsdpp::FSDPModule*>(m.get())) {
       const double psi = unit->unsharded_padded_numel() * 4.0;
       *largest_unit = std::max(*largest_unit, psi);
-      const bool reshards = !unit->is_root() && unit->options().reshard_after_forward_.reshards();
+      const bool reshards = !unit->is_root() && unit->reshard_after_forward().reshards();
       b.all_gather += (reshards ? 2.0 : 1.0) * (shard - 1) / shard * psi;
       b.reduce_scatter += double(shard - 1) / shard * psi;
       b.all_reduce += ring_all_reduce(psi / shard, replicate);

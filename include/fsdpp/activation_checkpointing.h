@@ -25,10 +25,9 @@
 
 #include <fsdpp/error.h>
 #include <fsdpp/forward_arguments.h>
+#include <fsdpp/fully_shard_options.h>
 
 namespace fsdpp {
-
-struct AutoWrapPolicy;
 
 namespace detail {
 

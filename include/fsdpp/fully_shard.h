@@ -36,14 +36,9 @@
 #include <torch/nn/pimpl.h>
 
 #include <fsdpp/activation_checkpointing.h>
-#include <fsdpp/backward_prefetch.h>
-#include <fsdpp/device_mesh.h>
 #include <fsdpp/forward_arguments.h>
-#include <fsdpp/mixed_precision_policy.h>
-#include <fsdpp/offload_policy.h>
+#include <fsdpp/fully_shard_options.h>
 #include <fsdpp/process_group.h>
-#include <fsdpp/reshard_policy.h>
-#include <fsdpp/sharding_strategy.h>
 #include <fsdpp/sharded_tensor.h>
 #include <fsdpp/tensor_layout.h>
 
@@ -52,83 +47,6 @@ class SequentialImpl;
 }
 
 namespace fsdpp {
-
-struct AutoWrapPolicy;
-
-struct FullyShardOptions {
-  // The group the parameters are sharded across; empty means the default group.
-  FullyShardOptions& process_group(ProcessGroup v) { process_group_ = std::move(v); return *this; }
-  // A 1-D mesh to shard across (its group), or a 2-D mesh (replicate, shard) for HSDP: shard
-  // across the last dimension, replicate across the first (FSDP2's mesh argument).
-  FullyShardOptions& mesh(DeviceMesh v) { mesh_ = std::move(v); return *this; }
-  // FSDP1's sharding_strategy (<fsdpp/sharding_strategy.h>). Unset: FULL_SHARD, or HSDP with a
-  // 2-D mesh.
-  FullyShardOptions& sharding_strategy(ShardingStrategy v) { sharding_strategy_ = v; return *this; }
-  // Free the gathered parameters after forward and gather them again for backward
-  // (less memory, one more all-gather per step). Ignored by the root, which keeps them.
-  FullyShardOptions& reshard_after_forward(bool v) {
-    reshard_after_forward_ = v;
-    return *this;
-  }
-  // An int k (FSDP2's int option): after forward keep a copy sharded k ways across k
-  // consecutive ranks of the group, so backward all-gathers within those k ranks only.
-  // k must divide the group size; 1 means false and the group size means true.
-  FullyShardOptions& reshard_after_forward(int k) {
-    reshard_after_forward_ = ReshardPolicy::ways(k);
-    return *this;
-  }
-  // FSDP1's backward_prefetch (<fsdpp/backward_prefetch.h>): when this unit starts the
-  // all-gather of the unit whose backward follows its own. std::nullopt: no implicit backward
-  // prefetch (a set_modules_to_backward_prefetch list still runs, at the start of backward).
-  FullyShardOptions& backward_prefetch(std::optional<BackwardPrefetch> v) {
-    backward_prefetch_ = v;
-    return *this;
-  }
-  // Makes units of the submodules the policy selects (<fsdpp/wrap_policy.h>) before
-  // wrapping this module, as FSDP1's auto_wrap_policy; they get these options too.
-  FullyShardOptions& auto_wrap_policy(std::shared_ptr<const AutoWrapPolicy> v) {
-    auto_wrap_policy_ = std::move(v);
-    return *this;
-  }
-
-  // Computes in, communicates in and returns the dtypes the policy names
-  // (<fsdpp/mixed_precision_policy.h>); the sharded parameters keep theirs.
-  FullyShardOptions& mp_policy(MixedPrecisionPolicy v) {
-    mp_policy_ = std::move(v);
-    return *this;
-  }
-  // Keeps the sharded parameters, their gradients and the optimizer state in host memory
-  // (<fsdpp/offload_policy.h>): CPUOffloadPolicy(), as FSDP2's offload_policy.
-  FullyShardOptions& offload_policy(OffloadPolicy v) {
-    offload_policy_ = v;
-    return *this;
-  }
-
-  // Parameters FSDP leaves alone (FSDP2's ignored_params): whole on every rank, never gathered,
-  // and their gradients not reduced (the caller synchronizes them if it wants to). Each must be
-  // a parameter of the wrapped module.
-  FullyShardOptions& ignored_params(std::vector<at::Tensor> v) {
-    ignored_params_ = std::move(v);
-    return *this;
-  }
-  // FSDP1's ignored_modules: every parameter of these submodules (or of the wrapped module
-  // itself) is ignored as above, and an auto-wrap policy makes no unit of them.
-  FullyShardOptions& ignored_modules(std::vector<std::shared_ptr<torch::nn::Module>> v) {
-    ignored_modules_ = std::move(v);
-    return *this;
-  }
-
-  ProcessGroup process_group_;
-  DeviceMesh mesh_;
-  std::optional<ShardingStrategy> sharding_strategy_;
-  ReshardPolicy reshard_after_forward_;
-  std::optional<BackwardPrefetch> backward_prefetch_ = BackwardPrefetch::BACKWARD_PRE;
-  std::shared_ptr<const AutoWrapPolicy> auto_wrap_policy_;
-  MixedPrecisionPolicy mp_policy_;
-  OffloadPolicy offload_policy_;
-  std::vector<at::Tensor> ignored_params_;
-  std::vector<std::shared_ptr<torch::nn::Module>> ignored_modules_;
-};
 
 namespace detail {
 class FSDPState;
@@ -202,7 +120,9 @@ class FSDPModule : public torch::nn::Module {
 
   // The wrapped module.
   const std::shared_ptr<torch::nn::Module>& wrapped_module() const { return module_; }
-  const FullyShardOptions& options() const { return options_; }
+  // This unit's reshard_after_forward now (set_reshard_after_forward changes it; SHARD_GRAD_OP
+  // and NO_SHARD make it false). A unit without parameters to shard reports false.
+  ReshardPolicy reshard_after_forward() const;
   const ProcessGroup& process_group() const;
   // True once this unit ran forward as the outermost unit.
   bool is_root() const;
@@ -242,7 +162,7 @@ class FSDPModule : public torch::nn::Module {
   static std::vector<std::weak_ptr<detail::FSDPState>> states_of(const std::vector<std::shared_ptr<FSDPModule>>& modules);
 
   std::shared_ptr<torch::nn::Module> module_;
-  FullyShardOptions options_;
+  MixedPrecisionPolicy mp_policy_;  // the forward's input and output casts
   std::shared_ptr<detail::FSDPState> state_;
   bool checkpoint_wrapped_module_ = false;
 };

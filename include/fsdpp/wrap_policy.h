@@ -1,6 +1,7 @@
 #pragma once
-// Auto-wrap policies (FSDP1's auto_wrap_policy): which submodules of a module being wrapped
-// become FSDP units of their own, without editing the model's class.
+// Auto-wrap policies (FSDP1's auto_wrap_policy; the AutoWrapPolicy type is in
+// <fsdpp/fully_shard_options.h>): which submodules of a module being wrapped become FSDP units
+// of their own, without editing the model's class.
 //
 //   auto opts = fsdpp::FullyShardOptions().auto_wrap_policy(fsdpp::ModuleWrapPolicy<BlockImpl>());
 //   fsdpp::FullyShardedDataParallel<torch::nn::SequentialImpl> model(net, opts);   // every Block a unit
@@ -19,20 +20,9 @@
 
 #include <fsdpp/activation_checkpointing.h>
 #include <fsdpp/fully_shard.h>
+#include <fsdpp/fully_shard_options.h>
 
 namespace fsdpp {
-
-struct AutoWrapPolicy {
-  // Whether `module` becomes a unit; `unwrapped_numel` counts its parameters that no unit
-  // inside it shards (the policy runs bottom-up).
-  std::function<bool(const torch::nn::Module& module, int64_t unwrapped_numel)> should_wrap;
-  // Builds the typed unit of a selected module; empty for policies that do not know the
-  // type (they wrap only Sequential elements, through their AnyModule).
-  std::function<torch::nn::AnyModule(const std::shared_ptr<torch::nn::Module>&, const FullyShardOptions&)> make_unit;
-  // The same for apply_activation_checkpointing: the typed checkpoint wrapper of a selected
-  // module, or empty (Sequential elements then get a type-blind one).
-  std::function<torch::nn::AnyModule(const std::shared_ptr<torch::nn::Module>&)> make_checkpoint_wrapper;
-};
 
 // Wraps every submodule whose type is one of Ts (PyTorch's ModuleWrapPolicy({Block})).
 template <typename... Ts>

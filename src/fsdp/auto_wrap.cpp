@@ -37,7 +37,7 @@ bool selected(const std::shared_ptr<torch::nn::Module>& m, const AutoWrapPolicy&
 
 void apply_auto_wrap_policy(torch::nn::Module& module, const AutoWrapPolicy& policy, const FullyShardOptions& options) {
   FullyShardOptions unit_options = options;
-  unit_options.auto_wrap_policy_ = nullptr;
+  unit_options.auto_wrap_policy(nullptr);
   ModuleReplacement r;
   r.descend = [](const torch::nn::Module& m) { return !dynamic_cast<const FSDPModule*>(&m); };
   r.selects = [&](const std::shared_ptr<torch::nn::Module>& m) { return selected(m, policy, options); };

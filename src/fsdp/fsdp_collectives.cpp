@@ -1,69 +1,173 @@
 #include "fsdp/fsdp_collectives.h"
 
+#include <utility>
+
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <fsdpp/collectives.h>
+
+#include "comm/chained_collectives.h"
 #include "comm/process_group_impl.h"
+#include "comm/shm_transport.h"
+#include "fsdp/storage_memory.h"
+#include "fsdp/testing_delays.h"
 
 namespace fsdpp::detail {
 
-UnitFlatLayout::UnitFlatLayout(const std::vector<FSDPParam>& params, int world_size) : world_size_(world_size) {
-  for (const auto& p : params) {
-    shard_offsets_.push_back(shard_numel_);
-    shard_numel_ += p.padded_chunk_numel();
+namespace {
+void wait_quietly(const Work& work) noexcept {
+  try {
+    work.wait();
+  } catch (...) {
   }
 }
+}  // namespace
 
-GatherLayout UnitFlatLayout::gather_layout(int64_t blocks_per_member) const {
-  GatherLayout layout;
-  layout.block_numel = shard_numel_;
-  layout.blocks_per_member = blocks_per_member;
-  layout.ranks = world_size_;
-  for (size_t i = 0; i < shard_offsets_.size(); ++i) {
-    const int64_t end = i + 1 < shard_offsets_.size() ? shard_offsets_[i + 1] : shard_numel_;
-    layout.pieces.push_back({shard_offsets_[i], end - shard_offsets_[i], unsharded_offset(i)});
-  }
-  return layout;
-}
-
-at::Tensor post_forward_shard(const std::vector<FSDPParam>& params, const UnitFlatLayout& flat, int64_t first_rank,
-                              int64_t per_member, const at::TensorOptions& options) {
-  at::Tensor kept = at::empty({per_member * flat.shard_numel()}, options);
-  at::Tensor by_rank = kept.view({per_member, flat.shard_numel()});
-  for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t c = params[i].padded_chunk_numel();
-    by_rank.narrow(1, flat.shard_offset(i), c)
-        .copy_(params[i].unsharded_region().view({flat.world_size(), c}).narrow(0, first_rank, per_member));
-  }
-  return kept;
-}
+bool gathers_in_place(const ProcessGroup& group) { return group.size() == 1 || uses_shared_memory(group); }
 
 ProcessGroup post_forward_group(const ProcessGroup& group, int k) { return consecutive_subgroup(group, k); }
 
-at::Tensor reduce_scatter_input(const std::vector<FSDPParam>& params, const UnitFlatLayout& flat,
-                                std::vector<at::Tensor>& grads, const at::TensorOptions& options) {
-  // No memset of the whole input: padding rows only reach padding outputs, which every rank
-  // discards; a parameter without a gradient must still add zeros to the others' sum.
-  at::Tensor input = at::empty({flat.unsharded_numel()}, options);
-  at::Tensor by_rank = input.view({flat.world_size(), flat.shard_numel()});
-  for (size_t i = 0; i < params.size(); ++i) {
-    const auto& p = params[i];
-    if (!grads[i].defined()) {
-      by_rank.narrow(1, flat.shard_offset(i), p.padded_chunk_numel()).zero_();
-      continue;
-    }
-    at::Tensor rows = grads[i].reshape({p.dim0(), p.row_numel()});
-    for (int r = 0; r < flat.world_size(); ++r) {
-      const int64_t n = p.rows_of(r);
-      if (n == 0) continue;
-      by_rank[r].narrow(0, flat.shard_offset(i), n * p.row_numel()).view({n, p.row_numel()}).copy_(rows.narrow(0, p.row_offset(r), n));
-    }
-    grads[i] = at::Tensor();
-  }
-  return input;
+UnitAllGather::~UnitAllGather() {
+  if (in_flight_) wait_quietly(work_);
 }
 
-at::Tensor gradient_shard(const std::vector<FSDPParam>& params, const UnitFlatLayout& flat, const at::Tensor& output,
-                          size_t i) {
-  const auto& p = params[i];
-  return output.narrow(0, flat.shard_offset(i), p.local_rows() * p.row_numel()).view(p.sharded_size());
+void UnitAllGather::start(const at::Tensor& input, const ProcessGroup& group, std::shared_ptr<const GatherLayout> layout,
+                          const at::Tensor& target, bool in_place) {
+  testing_delay(testing_delays().before_all_gather_ms);
+  // Not in place: rank-major, placed at the wait. The unit computing meanwhile has resharded by
+  // then, so that output and the parameters never coexist with it (placed on the comm thread,
+  // all three would).
+  target_ = target;
+  layout_ = std::move(layout);
+  rank_major_ = in_place ? at::Tensor() : unallocated(target.numel(), input.options());
+  const at::Tensor destination = in_place ? target : rank_major_;
+  auto allocate = [destination] { allocate_storage(destination); };
+  work_ = in_place ? all_gather_into_layout(destination, input, layout_, group, allocate)
+                   : all_gather_into_tensor_prepared(destination, input, group, allocate);
+  in_flight_ = true;
+}
+
+void UnitAllGather::finish(bool keep) {
+  in_flight_ = false;
+  const at::Tensor target = std::exchange(target_, at::Tensor());
+  const at::Tensor rank_major = std::exchange(rank_major_, at::Tensor());
+  try {
+    work_.wait();
+    if (keep && rank_major.defined()) {
+      allocate_storage(target);
+      layout_->place_rank_major(target.data_ptr(), rank_major.data_ptr(), rank_major.element_size());
+    }
+  } catch (...) {
+    if (rank_major.defined()) release_storage(rank_major);
+    release_storage(target);
+    throw;
+  }
+  if (rank_major.defined()) release_storage(rank_major);
+  if (!keep) release_storage(target);
+}
+
+at::Tensor gather_unsharded_copy(const at::Tensor& sharded_flat, const UnitFlatLayout& flat,
+                                 std::shared_ptr<const GatherLayout> layout, const ProcessGroup& group,
+                                 const at::Device& device) {
+  at::NoGradGuard no_grad;
+  const bool one_rank = flat.world_size() == 1;
+  at::Tensor input = sharded_flat.to(device, /*non_blocking=*/false, /*copy=*/one_rank);
+  if (one_rank) return input;
+  at::Tensor unsharded = at::empty({flat.unsharded_numel()}, input.options());
+  all_gather_into_layout(unsharded, input, std::move(layout), group, {}).wait();
+  return unsharded;
+}
+
+UnitGradientReduce::UnitGradientReduce(ProcessGroup shard, ProcessGroup replicate)
+    : shard_group_(std::move(shard)), replicate_group_(std::move(replicate)) {}
+
+UnitGradientReduce::~UnitGradientReduce() {
+  if (!output_.defined()) return;
+  wait_quietly(reduce_scatter_work_);
+  wait_quietly(all_reduce_work_);
+}
+
+void UnitGradientReduce::pack(const std::vector<FSDPParam>& params, const UnitFlatLayout& flat,
+                              std::vector<at::Tensor>& grads, std::vector<char> had_grad,
+                              const at::TensorOptions& reduce_options) {
+  at::NoGradGuard no_grad;
+  input_ = flat.reduce_scatter_input(params, grads, reduce_options);
+  had_grad_ = std::move(had_grad);
+}
+
+void UnitGradientReduce::drop_packed() {
+  if (input_.defined()) release_storage(input_);
+  input_ = at::Tensor();
+}
+
+void UnitGradientReduce::issue(const UnitFlatLayout& flat, bool all_reduce) {
+  output_ = at::empty({flat.shard_numel()}, input_.options());
+  testing_delay(testing_delays().before_reduce_scatter_ms);
+  // The input is freed on the comm thread once the exchange is done with it, before the
+  // all-gathers queued behind it allocate their outputs.
+  reduce_scatter_work_ = reduce_scatter_tensor_then(output_, input_, ReduceOp::AVG, shard_group_,
+                                                    [input = input_] { release_storage(input); });
+  if (!replicate_group_.defined() || !all_reduce) return;
+  // Issued here, in backward's order, which is the same on every rank; the replicate group's
+  // comm thread runs it once the reduce-scatter (issued just before, on the shard group's
+  // thread) has finished. A sum kept while all-reduce was off (FSDP2's partial reduce output)
+  // is added to the reduce-scatter output first.
+  at::Tensor partial = std::exchange(partial_output_, at::Tensor());
+  for (size_t i = 0; i < had_partial_grad_.size(); ++i) had_grad_[i] |= had_partial_grad_[i];
+  had_partial_grad_.clear();
+  std::function<void()> add_partial;
+  if (partial.defined()) add_partial = [output = output_, partial = std::move(partial)] { output.add_(partial); };
+  all_reduce_work_ = all_reduce_after(reduce_scatter_work_, output_, ReduceOp::AVG, replicate_group_, std::move(add_partial));
+  all_reduce_issued_ = true;
+}
+
+bool UnitGradientReduce::done() const {
+  return !replicate_group_.defined() && output_.defined() && reduce_scatter_work_.is_completed();
+}
+
+void UnitGradientReduce::keep_partial(at::Tensor& output) {
+  // A parameter without a gradient this time added zeros.
+  if (partial_output_.defined()) {
+    partial_output_.add_(output);
+    release_storage(output);
+  } else {
+    partial_output_ = output;
+  }
+  had_partial_grad_.resize(had_grad_.size(), 0);
+  for (size_t i = 0; i < had_grad_.size(); ++i) had_partial_grad_[i] |= had_grad_[i];
+}
+
+void UnitGradientReduce::finish(const std::vector<FSDPParam>& params, const UnitFlatLayout& flat,
+                                const at::TensorOptions& grad_options) {
+  if (!output_.defined()) return;
+  at::Tensor output = std::exchange(output_, at::Tensor());
+  const Work reduce_scatter_work = std::exchange(reduce_scatter_work_, Work());
+  const Work all_reduce_work = std::exchange(all_reduce_work_, Work());
+  const bool all_reduced = std::exchange(all_reduce_issued_, false);
+  // A failed reduce-scatter throws here; its all-reduce then fails without running.
+  reduce_scatter_work.wait();
+  drop_packed();
+  at::NoGradGuard no_grad;
+  if (replicate_group_.defined()) {
+    if (!all_reduced) {
+      keep_partial(output);
+      return;
+    }
+    all_reduce_work.wait();
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!had_grad_[i]) continue;
+    at::Tensor shard = flat.gradient_shard(params, output, i);
+    at::Tensor& grad = params[i].param().mutable_grad();
+    if (grad.defined() && grad.sizes() == shard.sizes()) {
+      grad.add_(shard.to(grad.device()));
+    } else {
+      // Its own storage (optimizers' zero_grad() detaches `.grad` in place, which a view
+      // forbids), in the sharded parameter's dtype and beside it (on the host under CPU offload).
+      grad = shard.to(grad_options, /*non_blocking=*/false, /*copy=*/true);
+    }
+  }
+  release_storage(output);
 }
 
 }  // namespace fsdpp::detail

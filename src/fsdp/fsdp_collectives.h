@@ -1,60 +1,111 @@
 #pragma once
-// The byte layouts of one FSDP unit's collectives (FSDP2's _fsdp_collectives): where each
-// parameter sits in the unit's flat buffers, where the all-gather puts each rank's chunks, the
-// k-way post-forward shard, the reduce-scatter input and the gradient shards in its output.
-// FSDPParamGroup decides when these run; this file says what goes where.
-//
-// With S = the sum of the parameters' padded chunk sizes and N = the group size:
-//   sharded flat [S]:           param 0 chunk | param 1 chunk | ...      (shard_offset(i))
-//   unsharded flat [N*S]:       param 0 all rows (padded) | param 1 ... (unsharded_offset(i));
-//                               the all-gather puts each rank's chunks here (gather_layout)
-//   reduce-scatter input [N*S]: rank 0's rows of each gradient | rank 1's | ... (rank-major)
+// The collectives of one FSDP unit (FSDP2's _fsdp_collectives: foreach_all_gather with its
+// copy-out, foreach_reduce): issuing them over the unit's flat buffers (unit_flat_layout),
+// waiting for them, placing what arrived, and writing the gradient shards into `.grad`.
+// FSDPParamGroup decides when each runs. Which transport path a gather takes (and, on an
+// accelerator, which stream) is chosen here and nowhere else.
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include <ATen/ATen.h>
 
 #include <fsdpp/process_group.h>
+#include <fsdpp/work.h>
 
 #include "comm/gather_layout.h"
 #include "fsdp/fsdp_param.h"
+#include "fsdp/unit_flat_layout.h"
 
 namespace fsdpp::detail {
 
-class UnitFlatLayout {
- public:
-  UnitFlatLayout() = default;
-  UnitFlatLayout(const std::vector<FSDPParam>& params, int world_size);
-
-  int world_size() const { return world_size_; }
-  int64_t shard_numel() const { return shard_numel_; }
-  int64_t unsharded_numel() const { return shard_numel_ * world_size_; }
-  int64_t shard_offset(size_t i) const { return shard_offsets_[i]; }
-  int64_t unsharded_offset(size_t i) const { return shard_offsets_[i] * world_size_; }
-  // Where an all-gather of sharded flats (blocks_per_member of them per member: the k-way
-  // post-forward shard) puts each rank's chunk of each parameter: its rows in the unsharded flat.
-  GatherLayout gather_layout(int64_t blocks_per_member = 1) const;
-
- private:
-  int world_size_ = 1;
-  int64_t shard_numel_ = 0;
-  std::vector<int64_t> shard_offsets_;
-};
-
-// The post-forward shard of reshard_after_forward = k: the sharded flats of the `per_member`
-// ranks from `first_rank` on, one after another, taken from the unsharded parameters, so an
-// all-gather over the k-rank post-forward group (gather_layout(per_member)) rebuilds them all.
-at::Tensor post_forward_shard(const std::vector<FSDPParam>& params, const UnitFlatLayout& flat, int64_t first_rank,
-                              int64_t per_member, const at::TensorOptions& options);
-// The k-rank post-forward group of this rank: consecutive ranks of `group` (cached on it).
+// Whether a unit's all-gathers over `group` put each rank's chunks straight into the unsharded
+// flat: over shared memory (the peers' bytes are placed from the segment) and on one rank. Over
+// Gloo a peer's block is one message, so the gather goes through a rank-major output placed at
+// the wait. Decided once per unit, after its first collective settled the group's transport.
+bool gathers_in_place(const ProcessGroup& group);
+// The k-rank post-forward group of reshard_after_forward = k: consecutive ranks of `group`.
 ProcessGroup post_forward_group(const ProcessGroup& group, int k);
 
-// The reduce-scatter input: each rank's rows of each full gradient (zeros for a parameter whose
-// gradient is undefined). Each gradient handle is released once packed, so its memory can go.
-at::Tensor reduce_scatter_input(const std::vector<FSDPParam>& params, const UnitFlatLayout& flat,
-                                std::vector<at::Tensor>& grads, const at::TensorOptions& options);
-// Parameter i's gradient shard (shaped as its local shard) in a reduce-scatter output.
-at::Tensor gradient_shard(const std::vector<FSDPParam>& params, const UnitFlatLayout& flat, const at::Tensor& output,
-                          size_t i);
+// A unit's all-gather while in flight.
+class UnitAllGather {
+ public:
+  UnitAllGather() = default;
+  UnitAllGather(const UnitAllGather&) = delete;
+  UnitAllGather& operator=(const UnitAllGather&) = delete;
+  ~UnitAllGather();
+
+  // Starts gathering `input` over `group` into `target` (layout.ranks blocks), whose memory is
+  // allocated on the comm thread when the exchange starts, so that a prefetch queued behind a
+  // reduce-scatter does not coexist with that reduce-scatter's input. In place: each rank's
+  // chunks go straight to their places; otherwise into a rank-major output placed by finish().
+  void start(const at::Tensor& input, const ProcessGroup& group, std::shared_ptr<const GatherLayout> layout,
+             const at::Tensor& target, bool in_place);
+  bool in_flight() const { return in_flight_; }
+  // Waits and, with `keep`, places a rank-major output into the target. Without `keep`, or if
+  // the gather failed (rethrown), frees the target's memory.
+  void finish(bool keep);
+
+ private:
+  Work work_;
+  bool in_flight_ = false;
+  at::Tensor target_;
+  at::Tensor rank_major_;  // when not in place
+  std::shared_ptr<const GatherLayout> layout_;
+};
+
+// Every parameter's full value, gathered into one new unsharded flat over `group` (state dicts;
+// blocking). On one rank, a copy of the sharded flat.
+at::Tensor gather_unsharded_copy(const at::Tensor& sharded_flat, const UnitFlatLayout& flat,
+                                 std::shared_ptr<const GatherLayout> layout, const ProcessGroup& group,
+                                 const at::Device& device);
+
+// A unit's gradient reduction (FSDP2's foreach_reduce): the reduce-scatter of the gradients'
+// average over the shard group and, under HSDP, the average of its output across the replicas,
+// chained after it on the comm threads so that backward's compute overlaps both; then each
+// parameter's gradient shard into `.grad`.
+class UnitGradientReduce {
+ public:
+  // `replicate` is defined (of more than one rank) under HSDP only.
+  UnitGradientReduce(ProcessGroup shard, ProcessGroup replicate);
+  UnitGradientReduce(const UnitGradientReduce&) = delete;
+  UnitGradientReduce& operator=(const UnitGradientReduce&) = delete;
+  ~UnitGradientReduce();
+
+  // Packs the full gradients into the reduce-scatter input (each handle released once packed).
+  // had_grad[i]: parameter i has a gradient to write.
+  void pack(const std::vector<FSDPParam>& params, const UnitFlatLayout& flat, std::vector<at::Tensor>& grads,
+            std::vector<char> had_grad, const at::TensorOptions& reduce_options);
+  // Frees a packed input that will not be issued.
+  void drop_packed();
+  // Issues the reduce-scatter of the packed input; with `all_reduce` (HSDP) also the replicate
+  // all-reduce of its output, to which a sum kept while all-reduce was off is added first.
+  void issue(const UnitFlatLayout& flat, bool all_reduce);
+  // Issued and not yet finished by finish().
+  bool pending() const { return output_.defined(); }
+  // Finished on the wire, so finish() will not block. Never under HSDP: there the end of
+  // backward waits for the reduce-scatter and its all-reduce, so that a failed all-reduce throws
+  // at the same point on every rank.
+  bool done() const;
+  // Waits and writes (or adds to) each parameter's gradient shard in `.grad`, a tensor of its own
+  // in `grad_options` (the sharded parameters' dtype and device). Under HSDP without all-reduce,
+  // keeps the output (summed over backwards) instead: only the all-reduced sum is a gradient.
+  void finish(const std::vector<FSDPParam>& params, const UnitFlatLayout& flat, const at::TensorOptions& grad_options);
+
+ private:
+  void keep_partial(at::Tensor& output);
+
+  ProcessGroup shard_group_;
+  ProcessGroup replicate_group_;
+  at::Tensor input_;
+  at::Tensor output_;
+  std::vector<char> had_grad_;
+  Work reduce_scatter_work_;
+  Work all_reduce_work_;
+  bool all_reduce_issued_ = false;
+  at::Tensor partial_output_;  // HSDP without all-reduce: reduce-scatter outputs, summed
+  std::vector<char> had_partial_grad_;
+};
 
 }  // namespace fsdpp::detail

@@ -31,7 +31,7 @@ void check_parameter_devices(const torch::nn::Module& module, const std::unorder
     if (ignored.count(p.unsafeGetTensorImpl())) continue;
     if (p.is_meta())
       throw Error("fully_shard of " + unit + ": parameter '" + name + "' is on the meta device; " +
-                  (options.offload_policy_.offload_to_cpu_ ? "CPU offload needs" : "fully_shard needs") +
+                  (options.offload_policy().offload_to_cpu() ? "CPU offload needs" : "fully_shard needs") +
                   " parameters with data (materialize the module, e.g. to_empty and initialize, before wrapping)");
     if (!first) {
       first.emplace(name, p.device());
@@ -46,24 +46,24 @@ void check_parameter_devices(const torch::nn::Module& module, const std::unorder
 }  // namespace
 
 FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOptions options)
-    : module_(std::move(module)), options_(std::move(options)) {
+    : module_(std::move(module)), mp_policy_(options.mp_policy()) {
   if (!module_) throw Error("FullyShardedDataParallel: the module is null");
   if (dynamic_cast<FSDPModule*>(module_.get()))
     throw Error("FullyShardedDataParallel: " + module_->name() + " is already a FullyShardedDataParallel");
   register_module("_fsdp_wrapped_module", module_);
   // Every option is checked before anything in the module changes.
   const std::string unit = module_->name();
-  detail::UnitGroups groups = detail::unit_groups(options_, unit);
+  detail::UnitGroups groups = detail::unit_groups(options, unit);
   // FSDP1's strategies that keep the gathered parameters from forward to backward (NO_SHARD's
   // "gather" is a copy within a one-rank group).
-  const auto strategy = options_.sharding_strategy_;
+  const auto strategy = options.sharding_strategy();
   if (strategy == ShardingStrategy::SHARD_GRAD_OP || strategy == ShardingStrategy::NO_SHARD)
-    options_.reshard_after_forward_ = false;
-  options_.reshard_after_forward_.check(groups.shard.size(), unit, groups.shard.name());
-  options_.mp_policy_.check(unit);
-  const auto ignored = detail::ignored_parameters(*module_, options_, unit);
-  check_parameter_devices(*module_, ignored, options_, unit);
-  if (options_.auto_wrap_policy_) detail::apply_auto_wrap_policy(*module_, *options_.auto_wrap_policy_, options_);
+    options.reshard_after_forward(false);
+  options.reshard_after_forward().check(groups.shard.size(), unit, groups.shard.name());
+  mp_policy_.check(unit);
+  const auto ignored = detail::ignored_parameters(*module_, options, unit);
+  check_parameter_devices(*module_, ignored, options, unit);
+  if (options.auto_wrap_policy()) detail::apply_auto_wrap_policy(*module_, *options.auto_wrap_policy(), options);
   // Parameters owned by inner units stay theirs; ignored ones stay the module's.
   auto params = detail::unwrapped_parameters(*module_);
   params.erase(std::remove_if(params.begin(), params.end(),
@@ -71,8 +71,8 @@ FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOpti
                params.end());
   state_ = std::make_shared<detail::FSDPState>(
       unit, std::move(params), std::move(groups),
-      detail::ParamGroupPolicies{options_.reshard_after_forward_, options_.mp_policy_, options_.offload_policy_},
-      options_.backward_prefetch_);
+      detail::ParamGroupPolicies{options.reshard_after_forward(), mp_policy_, options.offload_policy()},
+      options.backward_prefetch());
   state_->register_self();
 }
 
@@ -87,9 +87,9 @@ void FSDPModule::forward_steps(const std::vector<at::Tensor*>& inputs,
     state_->lazy_init_as_root(inner);
   }
   state_->pre_forward();
-  const MixedPrecisionPolicy& mp = options_.mp_policy_;
-  if (mp.cast_forward_inputs_ && mp.param_dtype_)
-    for (at::Tensor* t : inputs) cast_floating(*t, *mp.param_dtype_);
+  const MixedPrecisionPolicy& mp = mp_policy_;
+  if (mp.cast_forward_inputs() && mp.param_dtype())
+    for (at::Tensor* t : inputs) cast_floating(*t, *mp.param_dtype());
   const bool grad = torch::autograd::GradMode::is_enabled();
   auto needs_grad = [](const at::Tensor* t) { return t->defined() && t->requires_grad(); };
   if (grad)
@@ -99,7 +99,7 @@ void FSDPModule::forward_steps(const std::vector<at::Tensor*>& inputs,
   state_->post_forward();
   for (at::Tensor* t : outputs) {
     if (grad && needs_grad(t)) *t = state_->attach_pre_backward(*t);
-    if (mp.output_dtype_) cast_floating(*t, *mp.output_dtype_);
+    if (mp.output_dtype()) cast_floating(*t, *mp.output_dtype());
   }
 }
 
@@ -129,7 +129,6 @@ void FSDPModule::set_checkpoint_wrapped_module(bool value) {
 
 void FSDPModule::set_reshard_after_forward(bool value, bool recurse) {
   if (auto* group = state_->param_group()) group->set_reshard_after_forward(value);
-  options_.reshard_after_forward_ = value;
   if (!recurse) return;
   for (const auto& m : module_->modules())
     if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_reshard_after_forward(value, false);
@@ -174,6 +173,11 @@ void FSDPModule::set_modules_to_backward_prefetch(const std::vector<std::shared_
 }
 
 const ProcessGroup& FSDPModule::process_group() const { return state_->process_group(); }
+
+ReshardPolicy FSDPModule::reshard_after_forward() const {
+  const auto* g = state_->param_group();
+  return g ? g->reshard_policy() : ReshardPolicy(false);
+}
 
 bool FSDPModule::is_root() const { return state_->is_root(); }
 

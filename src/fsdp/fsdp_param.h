@@ -42,6 +42,10 @@ class FSDPParam {
   // unsharded buffer, in row order).
   void init_unsharded(const at::Tensor& region);
 
+  // Copies this rank's rows of the unsharded view into the shard (summon_full_params with
+  // writeback).
+  void write_back_unsharded();
+
   // The parameter's data becomes the unsharded view; a shard-shaped `.grad` is set aside.
   void to_unsharded();
   // The parameter's data becomes the shard again; the set-aside `.grad` comes back.

@@ -1,8 +1,9 @@
 #pragma once
-// One FSDP unit's state machine: sharded, gathering (all-gather in flight), unsharded, and
-// resharded after forward (maybe keeping the k-way post-forward shard); then, in backward, the
-// reduce-scatter of the gradients into shard-shaped `.grad` and gradient accumulation. The
-// flat buffers' byte layouts and the collectives' inputs and outputs are in fsdp_collectives.
+// One FSDP unit's state machine (FSDP2's FSDPParamGroup): sharded, gathering (all-gather in
+// flight), unsharded, and resharded after forward (maybe keeping the k-way post-forward shard);
+// then, in backward, gradient accumulation and the reduction of the gradients into
+// shard-shaped `.grad`. This file decides when; the flat buffers' byte layouts are in
+// unit_flat_layout, and the collectives are issued, waited for and placed by fsdp_collectives.
 // The unsharded flat keeps one storage for the unit's life; resharding frees its memory
 // (the storage shrinks to 0 bytes) and unsharding reallocates it, so views that autograd
 // saved during forward see the regathered values in backward.
@@ -15,15 +16,14 @@
 
 #include <ATen/ATen.h>
 
-#include <fsdpp/mixed_precision_policy.h>
-#include <fsdpp/offload_policy.h>
+#include <fsdpp/fully_shard_options.h>
 #include <fsdpp/process_group.h>
-#include <fsdpp/reshard_policy.h>
 #include <fsdpp/sharded_tensor.h>
 #include <fsdpp/work.h>
 
 #include "fsdp/fsdp_collectives.h"
 #include "fsdp/fsdp_param.h"
+#include "fsdp/unit_flat_layout.h"
 #include "fsdp/unit_groups.h"
 
 namespace fsdpp::detail {
@@ -70,8 +70,9 @@ class FSDPParamGroup {
   // After forward, as the reshard policy says: nothing, reshard, or reshard keeping the k-way
   // post-forward shard.
   void reshard_after_forward();
+  const ReshardPolicy& reshard_policy() const { return reshard_policy_; }
   // set_reshard_after_forward: a bool from now on (no post-forward shard).
-  void set_reshard_after_forward(bool v) { reshard_policy_ = v; post_forward_size_ = 0; }
+  void set_reshard_after_forward(bool v) { reshard_policy_ = ReshardPolicy(v); }
 
   // Takes the full gradients the unit's backward left in `.grad`, starts the reduce-scatter
   // of their average and reshards. Under HSDP (all-reduce on) also issues the all-reduce of
@@ -88,9 +89,7 @@ class FSDPParamGroup {
   // there the end of backward waits for the reduce-scatter and its all-reduce, so that a failed
   // all-reduce throws at the same point on every rank (thrown mid-backward on one rank only, it
   // could leave a peer waiting for a reduce-scatter this rank would no longer issue).
-  bool reduce_scatter_done() const {
-    return !replicate_group_.defined() && reduce_scatter_output_.defined() && reduce_scatter_work_.is_completed();
-  }
+  bool reduce_scatter_done() const { return gradient_reduce_.done(); }
 
   // Off: post_backward keeps the full gradients (summed over backwards) instead of
   // reduce-scattering them; the next post_backward with it on reduces the sum.
@@ -132,20 +131,10 @@ class FSDPParamGroup {
   // dtype unless the mixed-precision policy names another), on the compute device.
   at::TensorOptions compute_options() const;
   at::TensorOptions reduce_options() const;
-  // HSDP: issues the average of the reduce-scatter output (the shard-group average, plus the
-  // sum kept while all-reduce was off) across the replicas, after the reduce-scatter.
-  void start_all_reduce();
-  // HSDP with all-reduce off: adds a finished reduce-scatter output to the kept sum.
-  void keep_partial_reduce_output(at::Tensor& output);
-  std::vector<ShardMetadata> flat_shards_metadata() const;
-  void allocate_unsharded();
-  void free_unsharded();
-  // Issues the gather of `input` over `group` into the unsharded flat (or full_precision_flat_),
-  // in place (each rank's chunks straight to their places) or through a rank-major output.
-  void start_all_gather(const at::Tensor& input, const ProcessGroup& group,
-                        std::shared_ptr<const GatherLayout> layout, bool in_place);
-  // Waits for the gather in flight and, with `keep`, places a rank-major output; without, or
-  // if the gather failed (then rethrown), frees what it was filling.
+  // k of the post-forward shard the reshard policy keeps; 0 when none.
+  int post_forward_size() const { return reshard_policy_.post_forward_size(world_size_); }
+  // Waits for the gather in flight and, with `keep`, places it; without, or if it failed (then
+  // rethrown), drops what it was filling.
   void finish_all_gather(bool keep);
   void drop_post_forward_shard();
 
@@ -159,6 +148,7 @@ class FSDPParamGroup {
   UnitFlatLayout flat_;
   std::shared_ptr<const GatherLayout> gather_layout_;  // from sharded flats, or post-forward shards
   std::shared_ptr<const GatherLayout> post_forward_gather_layout_;
+  bool gathers_in_place_ = false;
   at::Device compute_device_ = at::kCPU;
   OffloadPolicy offload_policy_;
   at::Tensor sharded_flat_;    // on the host under CPU offload, else on the compute device
@@ -171,29 +161,13 @@ class FSDPParamGroup {
   at::Tensor full_precision_flat_;
 
   ReshardPolicy reshard_policy_;
-  int post_forward_size_ = 0;  // k of the post-forward shard, 0 when none is kept
   ProcessGroup post_forward_group_;
   at::Tensor post_forward_shard_;
 
-  // In place over shared memory (the peers' bytes are placed from the segment) and on one rank;
-  // over Gloo, and from a k-way post-forward shard, through a rank-major output placed at the
-  // wait (over Gloo a peer's block is one message).
-  bool gathers_in_place_ = false;
-  Work all_gather_work_;
-  bool gathering_ = false;  // all_gather_work_ is in flight
-  at::Tensor all_gather_output_;  // rank-major, when not in place
-
-  Work reduce_scatter_work_;
-  at::Tensor reduce_scatter_input_;
-  at::Tensor reduce_scatter_output_;
-  std::vector<char> had_grad_;
-  // HSDP: the all-reduce of reduce_scatter_output_ across the replicas, when issued.
-  Work all_reduce_work_;
-  bool all_reduce_issued_ = false;
+  UnitAllGather all_gather_;
+  UnitGradientReduce gradient_reduce_;
   bool requires_gradient_sync_ = true;
   bool requires_all_reduce_ = true;
-  at::Tensor partial_reduce_output_;  // HSDP without all-reduce: reduce-scatter outputs, summed
-  std::vector<char> had_partial_grad_;
   bool reshard_after_backward_ = true;
   std::vector<at::Tensor> accumulated_grads_;  // full-shaped, while sync is off
 };

@@ -9,7 +9,7 @@
 
 #include <ATen/ATen.h>
 
-#include <fsdpp/backward_prefetch.h>
+#include <fsdpp/fully_shard_options.h>
 #include <fsdpp/process_group.h>
 
 #include "fsdp/fsdp_param_group.h"

@@ -7,35 +7,25 @@
 
 namespace fsdpp {
 
-const char* to_string(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::FULL_SHARD: return "FULL_SHARD";
-    case ShardingStrategy::SHARD_GRAD_OP: return "SHARD_GRAD_OP";
-    case ShardingStrategy::NO_SHARD: return "NO_SHARD";
-    case ShardingStrategy::HYBRID_SHARD: return "HYBRID_SHARD";
-  }
-  return "?";
-}
-
 namespace detail {
 namespace {
 
 ProcessGroup one_dimensional_group(const FullyShardOptions& options, const std::string& unit) {
-  if (!options.mesh_.defined()) return options.process_group_.defined() ? options.process_group_ : default_group();
-  ProcessGroup mesh_group = options.mesh_.get_group();
-  if (options.process_group_.defined() && options.process_group_.ranks() != mesh_group.ranks())
+  if (!options.mesh().defined()) return options.process_group().defined() ? options.process_group() : default_group();
+  ProcessGroup mesh_group = options.mesh().get_group();
+  if (options.process_group().defined() && options.process_group().ranks() != mesh_group.ranks())
     throw Error("fully_shard of " + unit + ": the mesh's group (" + mesh_group.name() + ") and process_group (" +
-                options.process_group_.name() + ") differ; pass one of them");
+                options.process_group().name() + ") differ; pass one of them");
   return mesh_group;
 }
 
 UnitGroups from_2d_mesh(const FullyShardOptions& options, const std::string& unit) {
-  const DeviceMesh& mesh = options.mesh_;
-  const auto strategy = options.sharding_strategy_;
+  const DeviceMesh& mesh = options.mesh();
+  const auto strategy = options.sharding_strategy();
   if (strategy && *strategy != ShardingStrategy::HYBRID_SHARD)
     throw Error("fully_shard of " + unit + ": sharding_strategy " + to_string(*strategy) +
                 " shards across one dimension, but the mesh has 2 (replicate, shard); pass a 1-D mesh or HYBRID_SHARD");
-  if (options.process_group_.defined())
+  if (options.process_group().defined())
     throw Error("fully_shard of " + unit + ": pass a 2-D mesh or a process_group, not both");
   return {mesh.get_group(1), mesh.get_group(0)};
 }
@@ -54,15 +44,15 @@ UnitGroups hybrid_by_node(const ProcessGroup& group, const std::string& unit) {
 }  // namespace
 
 UnitGroups unit_groups(const FullyShardOptions& options, const std::string& unit) {
-  if (options.mesh_.defined() && options.mesh_.ndim() == 2) return from_2d_mesh(options, unit);
-  if (options.mesh_.defined() && options.mesh_.ndim() != 1)
-    throw Error("fully_shard of " + unit + ": a " + std::to_string(options.mesh_.ndim()) +
+  if (options.mesh().defined() && options.mesh().ndim() == 2) return from_2d_mesh(options, unit);
+  if (options.mesh().defined() && options.mesh().ndim() != 1)
+    throw Error("fully_shard of " + unit + ": a " + std::to_string(options.mesh().ndim()) +
                 "-D mesh is not supported; pass a 1-D mesh (shard) or a 2-D mesh (replicate, shard)");
   ProcessGroup group = one_dimensional_group(options, unit);
-  switch (options.sharding_strategy_.value_or(ShardingStrategy::FULL_SHARD)) {
+  switch (options.sharding_strategy().value_or(ShardingStrategy::FULL_SHARD)) {
     case ShardingStrategy::NO_SHARD: return {consecutive_subgroup(group, 1), group};
     case ShardingStrategy::HYBRID_SHARD:
-      if (options.mesh_.defined())
+      if (options.mesh().defined())
         throw Error("fully_shard of " + unit + ": HYBRID_SHARD needs a 2-D mesh (replicate, shard), got a 1-D mesh");
       return hybrid_by_node(group, unit);
     default: return {group, ProcessGroup()};

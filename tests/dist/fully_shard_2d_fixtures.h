@@ -11,7 +11,7 @@
 #include <fsdpp/activation_checkpointing.h>
 #include <fsdpp/device_mesh.h>
 #include <fsdpp/distributed_data_parallel.h>
-#include <fsdpp/offload_policy.h>
+#include <fsdpp/fully_shard_options.h>
 #include <fsdpp/tensor_parallel.h>
 
 #include "dist/fsdp_test_util.h"

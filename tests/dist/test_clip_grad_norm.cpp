@@ -15,8 +15,7 @@
 #include <fsdpp/device_mesh.h>
 #include <fsdpp/distributed_data_parallel.h>
 #include <fsdpp/error.h>
-#include <fsdpp/mixed_precision_policy.h>
-#include <fsdpp/sharding_strategy.h>
+#include <fsdpp/fully_shard_options.h>
 #include <fsdpp/state_dict.h>
 #include <fsdpp/wrap_policy.h>
 

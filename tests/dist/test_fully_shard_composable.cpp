@@ -319,6 +319,23 @@ FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardSharedParams);
 
 class FullyShardReshardAfterForwardInt : public testing::WorldSizeTest {};
 
+// An int means k ways and a bool means true / false; no other type converts (a long, a size_t or
+// a double would otherwise reach the bool and silently mean true).
+static_assert(!std::is_convertible_v<double, ReshardPolicy> && !std::is_convertible_v<int64_t, ReshardPolicy> &&
+              !std::is_convertible_v<size_t, ReshardPolicy> && std::is_convertible_v<int, ReshardPolicy> &&
+              std::is_convertible_v<bool, ReshardPolicy>);
+
+TEST(FullyShardReshardPolicy, AnIntMeansWaysNotTrue) {
+  const ReshardPolicy two = FullyShardOptions().reshard_after_forward(2).reshard_after_forward();
+  EXPECT_EQ(two.to_string(), "2");
+  EXPECT_EQ(two.post_forward_size(4), 2);
+  EXPECT_TRUE(two.reshards());
+  EXPECT_EQ(ReshardPolicy(true).post_forward_size(4), 0);
+  EXPECT_EQ(ReshardPolicy(1).to_string(), "false");
+  EXPECT_FALSE(ReshardPolicy(1).reshards());
+  EXPECT_EQ(FullyShardOptions().reshard_after_forward().to_string(), "true");
+}
+
 TEST_P(FullyShardReshardAfterForwardInt, TrainParityAndCommPerStep) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     const int n = ctx.world_size;

@@ -18,17 +18,17 @@ using Dtype = std::optional<at::ScalarType>;
 
 MixedPrecisionPolicy policy(Dtype param, Dtype reduce = std::nullopt, Dtype output = std::nullopt) {
   MixedPrecisionPolicy p;
-  p.param_dtype_ = param;
-  p.reduce_dtype_ = reduce;
-  p.output_dtype_ = output;
+  p.param_dtype(param);
+  p.reduce_dtype(reduce);
+  p.output_dtype(output);
   return p;
 }
 
 const char* name_of(Dtype d) { return d ? c10::toString(*d) : "unset"; }
 
 std::string describe(const MixedPrecisionPolicy& p) {
-  return std::string("param ") + name_of(p.param_dtype_) + " reduce " + name_of(p.reduce_dtype_) + " output " +
-         name_of(p.output_dtype_);
+  return std::string("param ") + name_of(p.param_dtype()) + " reduce " + name_of(p.reduce_dtype()) + " output " +
+         name_of(p.output_dtype());
 }
 
 at::Tensor cast(const at::Tensor& t, Dtype d) { return d && t.scalar_type() != *d ? t.to(*d) : t; }
@@ -121,21 +121,21 @@ class Reference {
   }
 
  private:
-  at::ScalarType dtype_of(size_t layer) const { return layer_policy_[layer]->param_dtype_.value_or(at::kFloat); }
+  at::ScalarType dtype_of(size_t layer) const { return layer_policy_[layer]->param_dtype().value_or(at::kFloat); }
   at::ScalarType reduce_dtype_of(size_t layer) const {
-    return layer_policy_[layer]->reduce_dtype_.value_or(dtype_of(layer));
+    return layer_policy_[layer]->reduce_dtype().value_or(dtype_of(layer));
   }
   at::Tensor unit(size_t layer, const at::Tensor& x) {
     const MixedPrecisionPolicy& p = *layer_policy_[layer];
-    at::Tensor out = compute_[2 * layer]->as<torch::nn::Linear>()->forward(cast(x, p.param_dtype_));
-    return cast(out, p.output_dtype_);
+    at::Tensor out = compute_[2 * layer]->as<torch::nn::Linear>()->forward(cast(x, p.param_dtype()));
+    return cast(out, p.output_dtype());
   }
   at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = cast(x, policies_.root.param_dtype_);
+    at::Tensor h = cast(x, policies_.root.param_dtype());
     h = torch::relu(unit(0, h));
     h = torch::relu(unit(1, h));
     h = compute_[4]->as<torch::nn::Linear>()->forward(h);
-    return cast(h, policies_.root.output_dtype_);
+    return cast(h, policies_.root.output_dtype());
   }
 
   Policies policies_;
@@ -170,7 +170,7 @@ void check_parity(RankContext& ctx, const Policies& policies, const std::string&
       model->set_requires_gradient_sync(mb == micro - 1);
       const int64_t first = rank * local + mb * rows;
       at::Tensor out = model->forward(x.narrow(0, first, rows));
-      ASSERT_EQ(out.scalar_type(), policies.root.output_dtype_.value_or(policies.root.param_dtype_.value_or(at::kFloat)))
+      ASSERT_EQ(out.scalar_type(), policies.root.output_dtype().value_or(policies.root.param_dtype().value_or(at::kFloat)))
           << where;
       at::Tensor loss = (out - y.narrow(0, first, rows)).pow(2).mean();
       loss.backward();
@@ -224,12 +224,12 @@ TEST_P(FullyShardMixedPrecision, test_reduce_dtype_train_parity) {
                           Case{"fp16 compute and reduce, fp16 output", policy(f16), std::nullopt},
                           Case{"bf16 compute, fp16 reduce", policy(bf16, f16), f32},
                           Case{"fp32 compute, bf16 reduce", policy(std::nullopt, bf16), std::nullopt}}) {
-      if (c.mp.param_dtype_ == f16 && !cpu_has_half_matmul()) {
+      if (c.mp.param_dtype() == f16 && !cpu_has_half_matmul()) {
         if (ctx.rank == 0) std::cerr << "not run here: " << c.name << " (this libtorch's CPU has no float16 matmul)\n";
         continue;
       }
       MixedPrecisionPolicy root = c.mp;
-      root.output_dtype_ = c.root_output;
+      root.output_dtype() = c.root_output;
       check_parity(ctx, {root, c.mp, c.mp}, std::string(c.name) + " (root: " + describe(root) + ")");
       if (::testing::Test::HasFailure()) return;
     }
@@ -283,7 +283,7 @@ TEST_P(FullyShardMixedPrecision, GradientAccumulationSumsInReduceDtype) {
         {"fp32 reduce", policy(at::kBFloat16, at::kFloat)}, {"bf16 reduce", policy(at::kBFloat16)}};
     for (const auto& [name, mp] : cases) {
       MixedPrecisionPolicy root = mp;
-      root.output_dtype_ = at::kFloat;
+      root.output_dtype() = at::kFloat;
       check_parity(ctx, {root, mp, mp}, name + ", " + std::to_string(micro) + " microbatches", micro);
       if (::testing::Test::HasFailure()) return;
     }
