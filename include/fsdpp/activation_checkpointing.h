@@ -25,7 +25,6 @@
 
 #include <fsdpp/error.h>
 #include <fsdpp/forward_arguments.h>
-#include <fsdpp/fully_shard_options.h>
 
 namespace fsdpp {
 
@@ -123,17 +122,5 @@ template <typename M>
 CheckpointWrapper<M> checkpoint_wrapper(std::shared_ptr<M> module) {
   return CheckpointWrapper<M>(std::move(module));
 }
-
-// PyTorch's apply_activation_checkpointing(model, auto_wrap_policy=...): replaces every
-// submodule of `model` the policy selects (<fsdpp/wrap_policy.h>: ModuleWrapPolicy, SizeBased-
-// AutoWrapPolicy, or a custom AutoWrapPolicy) by its checkpoint wrapper, where the container
-// holding it can take the wrapper: an element of a torch::nn::Sequential (any selected module;
-// the Sequential passes its values through, up to 6 arguments, and the element must return a
-// tensor) or of a ModuleList (ModuleWrapPolicy's types only; callers reach it as
-// `->as<fsdpp::CheckpointWrapperImpl<T>>()`). Inside FSDP units too. A module an FSDP unit wraps
-// is called by the unit, so it is not replaced: the unit checkpoints its call instead (inside its
-// gather; FSDPModule::set_checkpoint_wrapped_module), the policy counting its parameters at
-// their global sizes. Returns how many it wrapped, such units included.
-int apply_activation_checkpointing(torch::nn::Module& model, const std::shared_ptr<const AutoWrapPolicy>& policy);
 
 }  // namespace fsdpp

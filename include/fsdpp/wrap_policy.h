@@ -61,4 +61,16 @@ std::shared_ptr<const AutoWrapPolicy> ModuleWrapPolicy() {
 // unit shards (PyTorch's size_based_auto_wrap_policy).
 std::shared_ptr<const AutoWrapPolicy> SizeBasedAutoWrapPolicy(int64_t min_num_params);
 
+// PyTorch's apply_activation_checkpointing(model, auto_wrap_policy=...): replaces every
+// submodule of `model` the policy selects (ModuleWrapPolicy,
+// SizeBasedAutoWrapPolicy, or a custom AutoWrapPolicy) by its checkpoint wrapper, where the container
+// holding it can take the wrapper: an element of a torch::nn::Sequential (any selected module;
+// the Sequential passes its values through, up to 6 arguments, and the element must return a
+// tensor) or of a ModuleList (ModuleWrapPolicy's types only; callers reach it as
+// `->as<fsdpp::CheckpointWrapperImpl<T>>()`). Inside FSDP units too. A module an FSDP unit wraps
+// is called by the unit, so it is not replaced: the unit checkpoints its call instead (inside its
+// gather; FSDPModule::set_checkpoint_wrapped_module), the policy counting its parameters at
+// their global sizes. Returns how many it wrapped, such units included.
+int apply_activation_checkpointing(torch::nn::Module& model, const std::shared_ptr<const AutoWrapPolicy>& policy);
+
 }  // namespace fsdpp

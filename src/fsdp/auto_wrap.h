@@ -7,7 +7,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
-#include <fsdpp/wrap_policy.h>
+#include <fsdpp/fully_shard_options.h>
 
 namespace fsdpp::detail {
 

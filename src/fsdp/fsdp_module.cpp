@@ -6,7 +6,6 @@
 
 #include <fsdpp/error.h>
 #include <fsdpp/fully_shard.h>
-#include <fsdpp/wrap_policy.h>
 
 #include "fsdp/auto_wrap.h"
 #include "fsdp/fsdp_state.h"

@@ -1,6 +1,7 @@
 #include <unordered_map>
 
 #include <fsdpp/activation_checkpointing.h>
+#include <fsdpp/fully_shard.h>
 #include <fsdpp/tensor_parallel.h>
 #include <fsdpp/wrap_policy.h>
 
