@@ -50,6 +50,7 @@ namespace fsdpp {
 
 namespace detail {
 class FSDPState;
+class FSDPParamGroup;
 }
 
 // What unshard(async_op = true) returns: wait() finishes the all-gather and installs the
@@ -160,6 +161,8 @@ class FSDPModule : public torch::nn::Module {
  private:
   friend class FullParamsGuard;
   static std::vector<std::weak_ptr<detail::FSDPState>> states_of(const std::vector<std::shared_ptr<FSDPModule>>& modules);
+  // Calls f on this unit's parameter group and, with recurse, on those of the units inside it.
+  void for_each_param_group(bool recurse, const std::function<void(detail::FSDPParamGroup&)>& f);
 
   std::shared_ptr<torch::nn::Module> module_;
   MixedPrecisionPolicy mp_policy_;  // the forward's input and output casts

@@ -126,32 +126,27 @@ void FSDPModule::set_checkpoint_wrapped_module(bool value) {
   checkpoint_wrapped_module_ = value;
 }
 
-void FSDPModule::set_reshard_after_forward(bool value, bool recurse) {
-  if (auto* group = state_->param_group()) group->set_reshard_after_forward(value);
+void FSDPModule::for_each_param_group(bool recurse, const std::function<void(detail::FSDPParamGroup&)>& f) {
+  if (auto* g = state_->param_group()) f(*g);
   if (!recurse) return;
   for (const auto& m : module_->modules())
-    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_reshard_after_forward(value, false);
+    if (auto* unit = dynamic_cast<FSDPModule*>(m.get())) unit->for_each_param_group(false, f);
+}
+
+void FSDPModule::set_reshard_after_forward(bool value, bool recurse) {
+  for_each_param_group(recurse, [&](detail::FSDPParamGroup& g) { g.set_reshard_after_forward(value); });
 }
 
 void FSDPModule::set_requires_gradient_sync(bool value, bool recurse) {
-  if (auto* g = state_->param_group()) g->set_requires_gradient_sync(value);
-  if (!recurse) return;
-  for (const auto& m : module_->modules())
-    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_requires_gradient_sync(value, false);
+  for_each_param_group(recurse, [&](detail::FSDPParamGroup& g) { g.set_requires_gradient_sync(value); });
 }
 
 void FSDPModule::set_requires_all_reduce(bool value, bool recurse) {
-  if (auto* g = state_->param_group()) g->set_requires_all_reduce(value);
-  if (!recurse) return;
-  for (const auto& m : module_->modules())
-    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_requires_all_reduce(value, false);
+  for_each_param_group(recurse, [&](detail::FSDPParamGroup& g) { g.set_requires_all_reduce(value); });
 }
 
 void FSDPModule::set_reshard_after_backward(bool value, bool recurse) {
-  if (auto* g = state_->param_group()) g->set_reshard_after_backward(value);
-  if (!recurse) return;
-  for (const auto& m : module_->modules())
-    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) f->set_reshard_after_backward(value, false);
+  for_each_param_group(recurse, [&](detail::FSDPParamGroup& g) { g.set_reshard_after_backward(value); });
 }
 
 std::vector<std::weak_ptr<detail::FSDPState>> FSDPModule::states_of(const std::vector<std::shared_ptr<FSDPModule>>& modules) {
