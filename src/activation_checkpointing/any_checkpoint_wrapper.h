@@ -20,13 +20,4 @@ class AnyCheckpointWrapperImpl : public torch::nn::Module {
 
 }  // namespace fsdpp::detail
 
-namespace torch::nn {
-
-// AnyModule's holder for the wrapper: passes the Sequential's AnyValues through unchanged.
-template <>
-struct AnyModuleHolder<fsdpp::detail::AnyCheckpointWrapperImpl, std::vector<AnyValue>>
-    : fsdpp::detail::PassThroughHolder<fsdpp::detail::AnyCheckpointWrapperImpl> {
-  using PassThroughHolder::PassThroughHolder;
-};
-
-}  // namespace torch::nn
+FSDPP_PASS_THROUGH_ANY_MODULE(AnyCheckpointWrapperImpl);

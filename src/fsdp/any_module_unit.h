@@ -22,13 +22,4 @@ class AnyModuleUnitImpl : public FSDPModule {
 
 }  // namespace fsdpp::detail
 
-namespace torch::nn {
-
-// AnyModule's holder for the wrapper: passes the Sequential's AnyValues through unchanged.
-template <>
-struct AnyModuleHolder<fsdpp::detail::AnyModuleUnitImpl, std::vector<AnyValue>>
-    : fsdpp::detail::PassThroughHolder<fsdpp::detail::AnyModuleUnitImpl> {
-  using PassThroughHolder::PassThroughHolder;
-};
-
-}  // namespace torch::nn
+FSDPP_PASS_THROUGH_ANY_MODULE(AnyModuleUnitImpl);

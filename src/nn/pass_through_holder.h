@@ -29,3 +29,12 @@ struct PassThroughHolder : public torch::nn::AnyModulePlaceholder {
 };
 
 }  // namespace fsdpp::detail
+
+// Makes PassThroughHolder AnyModule's holder for Wrapper (a class in fsdpp::detail whose
+// forward takes and returns the Sequential's AnyValues). At namespace scope.
+#define FSDPP_PASS_THROUGH_ANY_MODULE(Wrapper)                                                     \
+  template <>                                                                                      \
+  struct torch::nn::AnyModuleHolder<fsdpp::detail::Wrapper, std::vector<torch::nn::AnyValue>>     \
+      : fsdpp::detail::PassThroughHolder<fsdpp::detail::Wrapper> {                                 \
+    using PassThroughHolder::PassThroughHolder;                                                    \
+  }
