@@ -283,7 +283,7 @@ int main(int argc, char** argv) {
     const auto times = gather(t, world);
     say("load %s (%s, verify %s): slowest rank %.3f s; per rank MiB/s:", label,
         cold ? (dropped ? "page cache dropped" : "page cache NOT dropped") : "warm page cache",
-        options.verify_ ? "on" : "off", max_of(times));
+        options.verify() ? "on" : "off", max_of(times));
     for (int r = 0; r < n; ++r) say(" %.0f", mib(rank_bytes[r]) / times[r]);
     say("; aggregate %.0f MiB/s; contents %s\n", mib(total_bytes) / max_of(times), ok ? "match" : "DIFFER");
     say("RESULT n=%d load_%s_%s_s=%.4f load_%s_%s_rank0_mibps=%.1f load_%s_%s_aggregate_mibps=%.1f load_%s_%s_ok=%d\n",

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/arg.h>
 
 #include <fsdpp/process_group.h>
 
@@ -20,7 +21,7 @@ class ModuleHolder;
 }  // namespace torch::nn
 
 namespace fsdpp {
-class StateDict;        // <fsdpp/state_dict.h>
+class StateDict;            // <fsdpp/state_dict_container.h>
 struct OptimizerStateDict;  // <fsdpp/optimizer_state_dict.h>
 }  // namespace fsdpp
 
@@ -82,15 +83,13 @@ using State = std::map<std::string, Entry>;
 struct SaveOptions {
   // The ranks saving together; every member calls save. Default: the default group if
   // init_process_group ran, else this process alone.
-  SaveOptions& process_group(ProcessGroup v) { process_group_ = std::move(v); return *this; }
-  ProcessGroup process_group_;
+  TORCH_ARG(ProcessGroup, process_group);
 };
 
 struct LoadOptions {
   // Check each chunk read against its checksum (the whole chunk is read then). Off: read only
   // the dim-0 rows of a chunk that overlap the destination.
-  LoadOptions& verify(bool v) { verify_ = v; return *this; }
-  bool verify_ = true;
+  TORCH_ARG(bool, verify) = true;
 };
 
 // Collective over the group. Tensors must be on the CPU (or are copied there). Writes into
@@ -128,7 +127,7 @@ void save(const StateDict& sd, const std::string& dir, const SaveOptions& option
 // Fills sd's tensors in place (then hand sd to load_state_dict / set_model_state_dict).
 void load(StateDict& sd, const std::string& dir, const LoadOptions& options = {});
 
-// Optimizer state dicts (<fsdpp/optim_state_dict.h>) as entries: prefix + "state.<param>.<name>"
+// Optimizer state dicts (<fsdpp/optimizer_state_dict.h>) as entries: prefix + "state.<param>.<name>"
 // (tensors as in the dict: whole or the rank's rows), prefix + "param_groups.<g>.params" (the
 // parameter keys joined by '\n') and prefix + "param_groups.<g>.options" (bytes: libtorch's
 // serialization of the group's options).

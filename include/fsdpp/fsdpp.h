@@ -13,12 +13,12 @@
 #include <fsdpp/fully_shard_options.h>
 #include <fsdpp/join.h>
 #include <fsdpp/memory.h>
-#include <fsdpp/optim_state_dict.h>
 #include <fsdpp/optimizer_state_dict.h>
 #include <fsdpp/placement.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/profiler.h>
 #include <fsdpp/sharded_tensor.h>
+#include <fsdpp/state_dict_container.h>
 #include <fsdpp/state_dict.h>
 #include <fsdpp/tensor_layout.h>
 #include <fsdpp/tensor_parallel.h>

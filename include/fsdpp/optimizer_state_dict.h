@@ -1,7 +1,7 @@
 #pragma once
 // OptimizerStateDict: an optimizer's whole state (PyTorch's optimizer.state_dict()), the one
 // type that ZeroRedundancyOptimizer consolidates and loads and that get_optimizer_state_dict /
-// set_optimizer_state_dict (<fsdpp/optim_state_dict.h>) give and take.
+// set_optimizer_state_dict (<fsdpp/state_dict.h>) give and take.
 //
 // Parameters are named by a key: PyTorch's positional ids "0", "1", ... running through
 // param_groups in order (ZeroRedundancyOptimizer, from_optimizer, libtorch archives), or the
@@ -28,7 +28,7 @@
 #include <torch/serialize/output-archive.h>
 
 #include <fsdpp/optimizer_traits.h>
-#include <fsdpp/state_dict.h>
+#include <fsdpp/state_dict_container.h>
 
 namespace fsdpp {
 
@@ -88,11 +88,6 @@ struct OptimizerStateDict {
     return from_bytes(bytes, prototype, [] { return std::make_unique<typename Traits::ParamState>(); });
   }
 };
-
-// Names from when ZeRO and state dicts had a type each.
-using IndexedOptimizerStateDict [[deprecated("use fsdpp::OptimizerStateDict")]] = OptimizerStateDict;
-using NamedOptimizerStateDict [[deprecated("use fsdpp::OptimizerStateDict")]] = OptimizerStateDict;
-using OptimStateDict [[deprecated("use fsdpp::OptimizerStateDict")]] = OptimizerStateDict;
 
 // torch::save / torch::load of a dict of whole tensors (FULL or positional), every key kept.
 void operator<<(torch::serialize::OutputArchive& archive, const OptimizerStateDict& sd);

@@ -1,7 +1,7 @@
 #pragma once
 // The types behind a torch::optim optimizer: its options and its per-parameter state.
 // ZeroRedundancyOptimizer<O> wraps any optimizer with traits; the named optimizer state dicts
-// (<fsdpp/optim_state_dict.h>) build their per-optimizer tables from the same traits.
+// (<fsdpp/state_dict.h>) build their per-optimizer tables from the same traits.
 #include <type_traits>
 
 #include <torch/optim/adagrad.h>

@@ -1,6 +1,9 @@
 #pragma once
-// Model state dicts of FSDP models (PyTorch's FSDP.state_dict_type / model.state_dict() and
-// torch.distributed.checkpoint.state_dict's get_model_state_dict / set_model_state_dict).
+// State dicts of FSDP and tensor-parallel models: the model's (PyTorch's FSDP.state_dict_type /
+// model.state_dict() and torch.distributed.checkpoint.state_dict's get_model_state_dict /
+// set_model_state_dict) and the optimizer's (the same module's get_optimizer_state_dict /
+// set_optimizer_state_dict). The dicts are values of <fsdpp/state_dict_container.h> (StateDict)
+// and <fsdpp/optimizer_state_dict.h> (OptimizerStateDict).
 //
 // Keys are always the plain model's keys (no `_fsdp_wrapped_module.` segment), in module
 // order: each module's parameters, then its buffers, then its children's. Three kinds:
@@ -20,92 +23,28 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
-#include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
+#include <torch/optim/optimizer.h>
 
-#include <fsdpp/sharded_tensor.h>
+#include <fsdpp/optimizer_state_dict.h>
+#include <fsdpp/state_dict_container.h>
 
 namespace fsdpp {
-
-enum class StateDictType { FULL_STATE_DICT, LOCAL_STATE_DICT, SHARDED_STATE_DICT };
-const char* to_string(StateDictType type);
-
-// One entry of a state dict: a whole tensor or a ShardedTensor.
-class StateDictValue {
- public:
-  StateDictValue() = default;
-  StateDictValue(at::Tensor t) : value_(std::move(t)) {}        // NOLINT: implicit on purpose
-  StateDictValue(ShardedTensor t) : value_(std::move(t)) {}     // NOLINT: implicit on purpose
-
-  bool is_tensor() const { return std::holds_alternative<at::Tensor>(value_); }
-  bool is_sharded() const { return std::holds_alternative<ShardedTensor>(value_); }
-  // Throw fsdpp::Error when the entry is of the other kind.
-  const at::Tensor& tensor() const;
-  const ShardedTensor& sharded_tensor() const;
-  // The global shape and dtype, whichever the kind.
-  std::vector<int64_t> sizes() const;
-  at::ScalarType dtype() const;
-
- private:
-  std::variant<at::Tensor, ShardedTensor> value_;
-};
-
-// An ordered dict from key to StateDictValue (insertion order is kept).
-class StateDict {
- public:
-  using Item = std::pair<std::string, StateDictValue>;
-
-  // Throws if the key is already present.
-  void insert(std::string key, StateDictValue value);
-  // Inserts or replaces.
-  void set(const std::string& key, StateDictValue value);
-  bool contains(const std::string& key) const { return find(key) != nullptr; }
-  const StateDictValue* find(const std::string& key) const;
-  // Throws fsdpp::Error naming the key when absent.
-  const StateDictValue& at(const std::string& key) const;
-  bool erase(const std::string& key);
-  std::vector<std::string> keys() const;
-  size_t size() const { return items_.size(); }
-  bool empty() const { return items_.empty(); }
-  std::vector<Item>::const_iterator begin() const { return items_.begin(); }
-  std::vector<Item>::const_iterator end() const { return items_.end(); }
-
-  // The kind of dict fsdpp produced (unset for a dict built by hand or read from a file of
-  // unknown kind). Loads check it against the expected kind.
-  std::optional<StateDictType> type;
-  // Set on the empty dict a FULL state dict with rank0_only gives the ranks other than 0:
-  // loading it there is an error (use broadcast_from_rank0, or load rank 0's dict).
-  bool rank0_only_placeholder = false;
-
- private:
-  std::vector<Item> items_;
-};
-
-// torch::save(sd, path) / torch::load(sd, path). A dict of whole tensors (FULL) loads anywhere; a
-// SHARDED or LOCAL dict is this rank's part, as PyTorch's pickled ShardedTensor: one file per rank,
-// read back by the same rank at the same world size (over the default group; a ShardedTensor over
-// a subgroup is refused). The distributed checkpoint reshards.
-void operator<<(torch::serialize::OutputArchive& archive, const StateDict& sd);
-void operator>>(torch::serialize::InputArchive& archive, StateDict& sd);
 
 // ---- FSDP1 style: a state-dict type per model ----------------------------------------------
 
 struct FullStateDictConfig {
-  FullStateDictConfig& offload_to_cpu(bool v) { offload_to_cpu_ = v; return *this; }
+  TORCH_ARG(bool, offload_to_cpu) = false;
   // Only rank 0 gets the entries; the others get an empty dict (rank0_only_placeholder).
-  FullStateDictConfig& rank0_only(bool v) { rank0_only_ = v; return *this; }
-  bool offload_to_cpu_ = false;
-  bool rank0_only_ = false;
+  TORCH_ARG(bool, rank0_only) = false;
 };
 struct ShardedStateDictConfig {
-  ShardedStateDictConfig& offload_to_cpu(bool v) { offload_to_cpu_ = v; return *this; }
-  bool offload_to_cpu_ = false;
+  TORCH_ARG(bool, offload_to_cpu) = false;
 };
 struct LocalStateDictConfig {
-  LocalStateDictConfig& offload_to_cpu(bool v) { offload_to_cpu_ = v; return *this; }
-  bool offload_to_cpu_ = false;
+  TORCH_ARG(bool, offload_to_cpu) = false;
 };
 using StateDictConfig = std::variant<FullStateDictConfig, ShardedStateDictConfig, LocalStateDictConfig>;
 const char* config_type_name(const StateDictConfig& config);
@@ -161,19 +100,14 @@ IncompatibleKeys load_state_dict(torch::nn::Module& model, const StateDict& sd, 
 
 struct StateDictOptions {
   // FULL instead of SHARDED.
-  StateDictOptions& full_state_dict(bool v) { full_state_dict_ = v; return *this; }
+  TORCH_ARG(bool, full_state_dict) = false;
   // Offload to CPU; with full_state_dict, only rank 0 gets the entries (others: empty dict).
-  StateDictOptions& cpu_offload(bool v) { cpu_offload_ = v; return *this; }
+  TORCH_ARG(bool, cpu_offload) = false;
   // Loading: missing or unexpected keys are an error.
-  StateDictOptions& strict(bool v) { strict_ = v; return *this; }
+  TORCH_ARG(bool, strict) = true;
   // Loading a FULL dict that only rank 0 holds: rank 0 broadcasts it over the default group
   // (every rank of it must call set_model_state_dict / set_optimizer_state_dict).
-  StateDictOptions& broadcast_from_rank0(bool v) { broadcast_from_rank0_ = v; return *this; }
-
-  bool full_state_dict_ = false;
-  bool cpu_offload_ = false;
-  bool strict_ = true;
-  bool broadcast_from_rank0_ = false;
+  TORCH_ARG(bool, broadcast_from_rank0) = false;
 };
 
 StateDict get_model_state_dict(torch::nn::Module& model, const StateDictOptions& options = {});
@@ -199,5 +133,56 @@ IncompatibleKeys set_model_state_dict(const torch::nn::ModuleHolder<M>& model, c
                                       const StateDictOptions& options = {}) {
   return set_model_state_dict(*model.ptr(), sd, options);
 }
+
+// ---- Optimizer state dicts keyed by parameter names ----------------------------------------
+//
+//   auto osd = fsdpp::get_optimizer_state_dict(*model, opt, fsdpp::StateDictOptions().full_state_dict(true));
+//   osd.state.at("0.weight").at("exp_avg").tensor();   // the whole exp_avg of parameter 0.weight
+//   torch::save(osd, "optim.pt");                       // FULL dicts only
+//   ... at another world size:
+//   torch::load(osd, "optim.pt");
+//   fsdpp::set_optimizer_state_dict(*model2, opt2, osd);
+//
+// The dict is an OptimizerStateDict (its entries listed in <fsdpp/optimizer_state_dict.h>) keyed
+// by plain model keys. FULL: whole tensors; SHARDED: a ShardedTensor for the state of a
+// parameter FSDP shards (its rows, like the parameter), whole tensors otherwise. Supported
+// optimizers: SGD, Adam, AdamW, Adagrad, RMSprop.
+
+// Collective over each FSDP unit's group (every rank takes part, also with rank0_only).
+OptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torch::optim::Optimizer& optim,
+                                           const StateDictOptions& options = {});
+// Loads FULL or SHARDED state into `optim` (built over `model`'s parameters, at any world size):
+// the param groups must list the same parameter keys; every shape is checked before anything
+// changes; the optimizer's state and group options are then replaced. A ShardedTensor sharded
+// differently from the model is redistributed (collective over its group).
+void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer& optim, const OptimizerStateDict& sd,
+                              const StateDictOptions& options = {});
+
+template <typename M>
+OptimizerStateDict get_optimizer_state_dict(const torch::nn::ModuleHolder<M>& model, const torch::optim::Optimizer& optim,
+                                            const StateDictOptions& options = {}) {
+  return get_optimizer_state_dict(*model.ptr(), optim, options);
+}
+template <typename M>
+void set_optimizer_state_dict(const torch::nn::ModuleHolder<M>& model, torch::optim::Optimizer& optim,
+                              const OptimizerStateDict& sd, const StateDictOptions& options = {}) {
+  set_optimizer_state_dict(*model.ptr(), optim, sd, options);
+}
+
+// Gives every parameter of `optim` without state the state its first step would create (zeros,
+// step 0; Adam/AdamW/RMSprop then step exactly as without it; SGD with dampening does not), so a
+// fresh optimizer's get_optimizer_state_dict is a complete template to load into in place, e.g.
+// with the distributed checkpoint:
+//   fsdpp::init_optimizer_state(opt);
+//   auto osd = fsdpp::get_optimizer_state_dict(*model, opt);       // SHARDED template
+//   auto flat = fsdpp::flatten_optimizer_state(osd);               // shares osd's tensors
+//   ... fill flat's tensors in place (checkpoint::load(flat, dir)) ...
+//   fsdpp::set_optimizer_state_dict(*model, opt, osd);
+void init_optimizer_state(torch::optim::Optimizer& optim);
+
+// The state entries as one StateDict keyed "state.<parameter key>.<entry>" (PyTorch's flattened
+// optimizer state dict keys), sharing osd's tensors and shards. Hyperparameters stay in
+// osd.param_groups.
+StateDict flatten_optimizer_state(const OptimizerStateDict& osd);
 
 }  // namespace fsdpp

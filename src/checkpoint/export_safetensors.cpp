@@ -30,13 +30,13 @@
 #include <fsdpp/checkpoint.h>
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
+#include <fsdpp/model_layout.h>
 #include <fsdpp/state_dict.h>
 
 #include "checkpoint/comm.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/format.h"
 #include "checkpoint/safetensors.h"
-#include "state_dict/model_layout.h"
 
 namespace fsdpp::checkpoint {
 
@@ -332,7 +332,7 @@ void export_safetensors(torch::nn::Module& model, const std::string& file,
   StateDict sd;
   {
     at::NoGradGuard no_grad;
-    const fsdpp::detail::ModelLayout layout = fsdpp::detail::collect_layout(model);
+    const ModelLayout layout(model);
     for (const auto& e : layout.entries) {
       if (e.layout)
         sd.insert(e.key, e.layout->to_sharded_tensor((e.sharded ? e.sharded->local_shard : e.tensor).detach(),

@@ -92,7 +92,7 @@ void load_from(State& state, const Metadata& m, const std::string& dir, const st
 void load(State& state, const std::string& dir, const LoadOptions& options) {
   fsdpp::detail::NoCachingScope no_caching;  // the read buffers' sizes do not recur in training
   const Metadata m = read_metadata(dir);
-  load_from(state, m, dir, "checkpoint " + dir, options.verify_, /*confine=*/true);
+  load_from(state, m, dir, "checkpoint " + dir, options.verify(), /*confine=*/true);
 }
 
 void load_safetensors(State& state, const std::string& file) {

@@ -1,11 +1,9 @@
-// Optimizer state dicts of <fsdpp/optim_state_dict.h> as checkpoint state, and the destinations
+// Optimizer state dicts (<fsdpp/optimizer_state_dict.h>) as checkpoint state, and the destinations
 // a fresh optimizer loads them into.
 #include <sstream>
 
-
 #include <fsdpp/checkpoint.h>
 #include <fsdpp/error.h>
-#include <fsdpp/optim_state_dict.h>
 #include <fsdpp/state_dict.h>
 
 #include "checkpoint/format.h"

@@ -212,7 +212,7 @@ void write_and_commit(const Job& job) {
 // Plans a save collectively; throws on every rank alike when a rank's state is bad.
 Job prepare(const State& state, const std::string& dir, const SaveOptions& options, bool clone) {
   Job job;
-  job.comm = Comm::of(options.process_group_, "checkpoint::save");
+  job.comm = Comm::of(options.process_group(), "checkpoint::save");
   job.dir = normalize_dir(dir);
   job.staged = stage(state, clone);
   job.plan = make_plan(job.comm.all_gather(plan_of(job.staged)));

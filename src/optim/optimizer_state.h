@@ -10,7 +10,7 @@
 #include <torch/serialize/output-archive.h>
 #include <torch/optim/optimizer.h>
 
-#include <fsdpp/state_dict.h>
+#include <fsdpp/state_dict_container.h>
 
 namespace fsdpp::detail {
 

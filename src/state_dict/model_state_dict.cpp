@@ -14,17 +14,24 @@
 
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
+#include <fsdpp/model_layout.h>
 
 #include "common/shape_string.h"
-#include "state_dict/model_layout.h"
 
 namespace fsdpp {
 
-using detail::ModelEntry;
-using detail::ModelLayout;
+using ModelEntry = ModelLayout::Entry;
 using detail::shape_string;
 
 // ---- the per-model state-dict type ---------------------------------------------------------
+
+const char* config_type_name(const StateDictConfig& config) {
+  switch (config.index()) {
+    case 0: return "FullStateDictConfig";
+    case 1: return "ShardedStateDictConfig";
+    default: return "LocalStateDictConfig";
+  }
+}
 
 namespace {
 
@@ -149,9 +156,20 @@ at::Tensor offloaded(const at::Tensor& t, bool offload) {
 }
 ShardedTensor offload_sharded(const ShardedTensor& st, bool offload) { return offload ? st.cpu() : st; }
 
+// Each FSDP parameter's full value by its TensorImpl (collective over each unit's group).
+std::unordered_map<const c10::TensorImpl*, at::Tensor> gather_full_params(const ModelLayout& layout) {
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> out;
+  for (const auto& u : layout.units) {
+    auto params = u.unit->sharded_parameters();
+    auto full = u.unit->full_parameters();
+    for (size_t i = 0; i < params.size(); ++i) out[params[i].param.unsafeGetTensorImpl()] = std::move(full[i]);
+  }
+  return out;
+}
+
 StateDict produce(torch::nn::Module& model, StateDictType type, bool offload, bool rank0_only) {
   at::NoGradGuard no_grad;
-  ModelLayout layout = detail::collect_layout(model);
+  const ModelLayout layout(model);
   StateDict sd;
   // Without FSDP units or TP shards every entry is whole: the dict is a FULL one whatever was asked.
   const bool sharded_entries = std::any_of(layout.entries.begin(), layout.entries.end(),
@@ -160,7 +178,7 @@ StateDict produce(torch::nn::Module& model, StateDictType type, bool offload, bo
   if (type == StateDictType::FULL_STATE_DICT) {
     // Every rank takes part in the gathers, rank0_only or not: FSDP's over each unit's group,
     // then a tensor-parallel entry's over its TP group (in module order, the same on every rank).
-    auto full = detail::gather_full_params(layout);
+    auto full = gather_full_params(layout);
     std::vector<at::Tensor> values;
     for (const auto& e : layout.entries) {
       at::Tensor v = e.sharded ? full.at(e.tensor.unsafeGetTensorImpl()) : e.tensor.detach().clone();
@@ -205,16 +223,16 @@ StateDict state_dict(torch::nn::Module& model) {
       [&](const auto& config) {
         using C = std::decay_t<decltype(config)>;
         bool rank0_only = false;
-        if constexpr (std::is_same_v<C, FullStateDictConfig>) rank0_only = config.rank0_only_;
-        return produce(model, s.state_dict_type, config.offload_to_cpu_, rank0_only);
+        if constexpr (std::is_same_v<C, FullStateDictConfig>) rank0_only = config.rank0_only();
+        return produce(model, s.state_dict_type, config.offload_to_cpu(), rank0_only);
       },
       s.state_dict_config);
 }
 
 StateDict get_model_state_dict(torch::nn::Module& model, const StateDictOptions& options) {
-  if (options.full_state_dict_)
-    return produce(model, StateDictType::FULL_STATE_DICT, options.cpu_offload_, /*rank0_only=*/options.cpu_offload_);
-  return produce(model, StateDictType::SHARDED_STATE_DICT, options.cpu_offload_, false);
+  if (options.full_state_dict())
+    return produce(model, StateDictType::FULL_STATE_DICT, options.cpu_offload(), /*rank0_only=*/options.cpu_offload());
+  return produce(model, StateDictType::SHARDED_STATE_DICT, options.cpu_offload(), false);
 }
 
 // ---- loading --------------------------------------------------------------------------------
@@ -394,7 +412,7 @@ void commit(const LoadRequest& req, const std::vector<Write>& writes, const std:
 
 IncompatibleKeys load(torch::nn::Module& model, const StateDict& sd, std::optional<StateDictType> expected, bool strict,
                       const std::string& api) {
-  const LoadRequest req{sd, detail::collect_layout(model), expected, api};
+  const LoadRequest req{sd, ModelLayout(model), expected, api};
   IncompatibleKeys result = check_keys(req, strict);
   const std::vector<Write> writes = plan_writes(req);
   commit(req, writes, resolve(writes));
@@ -446,11 +464,11 @@ IncompatibleKeys load_state_dict(torch::nn::Module& model, const StateDict& sd, 
 }
 
 IncompatibleKeys set_model_state_dict(torch::nn::Module& model, const StateDict& sd, const StateDictOptions& options) {
-  if (options.broadcast_from_rank0_) {
+  if (options.broadcast_from_rank0()) {
     StateDict full = broadcast_full_from_rank0(sd, "set_model_state_dict");
-    return load(model, full, std::nullopt, options.strict_, "set_model_state_dict");
+    return load(model, full, std::nullopt, options.strict(), "set_model_state_dict");
   }
-  return load(model, sd, std::nullopt, options.strict_, "set_model_state_dict");
+  return load(model, sd, std::nullopt, options.strict(), "set_model_state_dict");
 }
 
 }  // namespace fsdpp

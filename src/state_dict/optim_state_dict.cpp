@@ -1,7 +1,7 @@
 // Optimizer state dicts keyed by parameter names: libtorch's per-parameter state (keyed by
 // TensorImpl address) to and from PyTorch-named entries, gathered or sharded like the
 // parameters FSDP shards.
-#include <fsdpp/optim_state_dict.h>
+#include <fsdpp/state_dict.h>
 
 #include <algorithm>
 #include <cstring>
@@ -17,12 +17,12 @@
 
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
+#include <fsdpp/model_layout.h>
 
 #include "common/shape_string.h"
 #include "compat/optimizer_state_key.h"
 #include "optim/optimizer_state.h"
 #include "optim/optimizer_traits.h"
-#include "state_dict/model_layout.h"
 
 namespace fsdpp {
 namespace {
@@ -33,10 +33,10 @@ using detail::OptimizerStateTraits;
 // Which model entry (plain key, FSDP parameter) each optimizer parameter is.
 struct ParamInfo {
   std::string key;
-  const detail::ModelEntry* entry = nullptr;
+  const ModelLayout::Entry* entry = nullptr;
 };
 
-std::unordered_map<const c10::TensorImpl*, ParamInfo> params_by_impl(const detail::ModelLayout& layout) {
+std::unordered_map<const c10::TensorImpl*, ParamInfo> params_by_impl(const ModelLayout& layout) {
   std::unordered_map<const c10::TensorImpl*, ParamInfo> out;
   for (const auto& e : layout.entries)
     if (!e.is_buffer) out.emplace(e.tensor.unsafeGetTensorImpl(), ParamInfo{e.key, &e});  // first key wins
@@ -52,7 +52,7 @@ const ParamInfo& info_of(const std::unordered_map<const c10::TensorImpl*, ParamI
   return it->second;
 }
 
-const ProcessGroup& group_of(const detail::ModelEntry& e) { return e.layout->process_group(); }
+const ProcessGroup& group_of(const ModelLayout::Entry& e) { return e.layout->process_group(); }
 
 // ---- set_optimizer_state_dict: check, plan, resolve, commit --------------------------------
 // The shape of checkpoint::load: nothing is written until every entry has been checked and
@@ -61,7 +61,7 @@ const ProcessGroup& group_of(const detail::ModelEntry& e) { return e.layout->pro
 // One parameter of the optimizer and the state dict's entries for it (null: it has none).
 struct PlannedParam {
   compat::OptimizerStateKey state_key;
-  const detail::ModelEntry* entry;
+  const ModelLayout::Entry* entry;
   const StateDict* entries;
 };
 
@@ -77,7 +77,7 @@ void check_request(const OptimizerStateDict& sd, const StateDictOptions& options
   if (sd.rank0_only_placeholder)
     throw Error(api + ": this rank was given the empty dict that a FULL optimizer state dict with cpu_offload gives "
                 "ranks other than 0; load rank 0's dict (e.g. from its file) on every rank");
-  if (options.broadcast_from_rank0_)
+  if (options.broadcast_from_rank0())
     throw Error(api + ": broadcast_from_rank0 is not supported for optimizer state dicts; load rank 0's dict on every rank");
 }
 
@@ -183,7 +183,7 @@ std::vector<std::pair<compat::OptimizerStateKey, std::unique_ptr<OptimizerParamS
   at::NoGradGuard no_grad;
   for (const auto& pl : plan.params) {
     if (!pl.entries) continue;
-    const detail::ModelEntry& e = *pl.entry;
+    const ModelLayout::Entry& e = *pl.entry;
     std::vector<at::Tensor> tensors(names.size());
     for (size_t j = 0; j < names.size(); ++j) {
       const StateDictValue* v = pl.entries->find(names[j]);
@@ -219,9 +219,9 @@ OptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torc
                                             const StateDictOptions& options) {
   const std::string api = "get_optimizer_state_dict";
   const OptimizerStateTraits& traits = detail::optimizer_state_traits(optim);
-  const bool full = options.full_state_dict_, offload = options.cpu_offload_;
+  const bool full = options.full_state_dict(), offload = options.cpu_offload();
   at::NoGradGuard no_grad;
-  detail::ModelLayout layout = detail::collect_layout(model);
+  const ModelLayout layout(model);
   auto by_impl = params_by_impl(layout);
   const auto& names = traits.entries;
 
@@ -251,7 +251,7 @@ OptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torc
         ParamRecord& r = records[g].emplace_back(ParamRecord{
             &info_of(by_impl, p, g, i, api), st, st ? traits.tensors(*st) : std::vector<at::Tensor>(names.size()),
             st ? traits.step(*st) : 0, {}});
-        const detail::ModelEntry& e = *r.info->entry;
+        const ModelLayout::Entry& e = *r.info->entry;
         if (!e.layout) continue;
         r.flags = {st ? 1 : 0, r.step};
         for (const auto& t : r.tensors) r.flags.push_back(t.defined() ? 1 : 0);
@@ -285,7 +285,7 @@ OptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torc
       const ParamInfo& info = *r.info;
       out.params.push_back(info.key);
       const OptimizerParamState* st = r.st;
-      const detail::ModelEntry& e = *info.entry;
+      const ModelLayout::Entry& e = *info.entry;
       const std::vector<at::Tensor>& tensors = r.tensors;
       int64_t step = r.step;
       if (e.layout) {
@@ -344,7 +344,7 @@ void set_optimizer_state_dict(torch::nn::Module& model, torch::optim::Optimizer&
   const std::string api = "set_optimizer_state_dict";
   check_request(sd, options, api);
   const OptimizerStateTraits& traits = detail::optimizer_state_traits(optim);
-  detail::ModelLayout layout = detail::collect_layout(model);
+  const ModelLayout layout(model);
   LoadPlan plan = plan_load(optim, sd, params_by_impl(layout), api);
   check_entries(plan, traits, optim, api);
   commit(optim, plan, resolve(plan, traits));

@@ -15,7 +15,6 @@
 #include <fsdpp/checkpoint.h>
 #include <fsdpp/collectives.h>
 #include <fsdpp/fully_shard.h>
-#include <fsdpp/optim_state_dict.h>
 #include <fsdpp/state_dict.h>
 #include <fsdpp/tensor_parallel.h>
 

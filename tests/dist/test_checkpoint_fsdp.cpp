@@ -10,7 +10,6 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/distributed_data_parallel.h>
 #include <fsdpp/fully_shard.h>
-#include <fsdpp/optim_state_dict.h>
 #include <fsdpp/state_dict.h>
 
 #include <cmath>

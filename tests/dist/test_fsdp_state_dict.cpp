@@ -22,7 +22,6 @@
 #include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/error.h>
 #include <fsdpp/fully_shard.h>
-#include <fsdpp/optim_state_dict.h>
 #include <fsdpp/sharded_tensor.h>
 #include <fsdpp/state_dict.h>
 #include <fsdpp/wrap_policy.h>

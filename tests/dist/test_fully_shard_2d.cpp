@@ -6,7 +6,6 @@
 
 #include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/error.h>
-#include <fsdpp/optim_state_dict.h>
 #include <fsdpp/state_dict.h>
 
 #include "dist/fully_shard_2d_fixtures.h"

@@ -13,7 +13,6 @@
 
 #include <fsdpp/checkpoint.h>
 #include <fsdpp/clip_grad_norm.h>
-#include <fsdpp/optim_state_dict.h>
 #include <fsdpp/state_dict.h>
 
 #include "dist/fully_shard_2d_fixtures.h"

@@ -16,7 +16,6 @@
 #include <fsdpp/checkpoint.h>
 #include <fsdpp/clip_grad_norm.h>
 #include <fsdpp/device_mesh.h>
-#include <fsdpp/optim_state_dict.h>
 #include <fsdpp/state_dict.h>
 #include <fsdpp/tensor_parallel.h>
 #include <fsdpp/wrap_policy.h>

@@ -1,6 +1,7 @@
-#include "state_dict/model_layout.h"
+// ModelLayout: the model's entries under plain keys, and the TensorLayout each one's value lies
+// over, composed from FSDP's and tensor parallelism's public API.
+#include <fsdpp/model_layout.h>
 
-#include <algorithm>
 #include <unordered_map>
 
 #include <ATen/ATen.h>
@@ -11,8 +12,10 @@
 #include "comm/flattened_mesh.h"
 #include "common/error_text.h"
 
-namespace fsdpp::detail {
+namespace fsdpp {
 namespace {
+
+using Entry = ModelLayout::Entry;
 
 // The wrappers' own segments, which state dict keys leave out (as PyTorch's FSDP and
 // CheckpointWrapper state-dict hooks do), so a plain model loads them and vice versa.
@@ -32,7 +35,7 @@ void visit_module(torch::nn::Module& m, const std::string& prefix, const Owners&
   if (auto* unit = dynamic_cast<FSDPModule*>(&m))
     if (!unit->sharded_parameter_names().empty()) out.units.push_back({prefix + "_flat_param", unit, out.entries.size()});
   for (const auto& item : m.named_parameters(/*recurse=*/false)) {
-    ModelEntry e{prefix + item.key(), item.value(), false, std::nullopt, nullptr, std::nullopt, std::nullopt};
+    Entry e{prefix + item.key(), item.value(), false, std::nullopt, nullptr, std::nullopt, std::nullopt};
     auto it = owners.find(item.value().unsafeGetTensorImpl());
     if (it != owners.end()) {
       e.sharded = it->second.param;
@@ -52,7 +55,7 @@ void visit_module(torch::nn::Module& m, const std::string& prefix, const Owners&
 // (every tp rank's FSDP unit shards its own part), as the block each rank of the (dp, tp) mesh
 // holds, over the mesh's group. Under HSDP, dp is the shard group: each replica's mesh has its
 // own group and the same blocks (a checkpoint writes each once).
-TensorLayout two_d_layout(const ModelEntry& e, const FlattenedMesh& mesh) {
+TensorLayout two_d_layout(const Entry& e, const detail::FlattenedMesh& mesh) {
   const TensorLayout& tp = *e.tp_layout;
   const TensorLayout& fsdp = e.sharded->layout;
   const ProcessGroup& group = mesh.group;
@@ -75,19 +78,19 @@ TensorLayout two_d_layout(const ModelEntry& e, const FlattenedMesh& mesh) {
   return TensorLayout(tp.global_shape(), {fsdp.placements().front(), tp.placements().front()}, group, std::move(blocks));
 }
 
-// Each entry's layout (ModelEntry::layout); 2-D ones lie over their (dp, tp) mesh, learnt (and its
-// group made) by the first state-dict call of any model on that pair of groups, cached after.
+// Each entry's layout (Entry::layout); 2-D ones lie over their (dp, tp) mesh, learnt (and its
+// group made) by the first layout of any model on that pair of groups, cached after.
 void set_layouts(ModelLayout& layout) {
   for (auto& e : layout.entries) {
     const bool tp_shard = e.tp_layout && e.tp_layout->placements().front().is_shard();
     if (tp_shard && e.sharded) {
       const ProcessGroup &dp = e.sharded->layout.process_group(), &tp = e.tp_layout->process_group();
-      std::shared_ptr<const FlattenedMesh> mesh;
+      std::shared_ptr<const detail::FlattenedMesh> mesh;
       try {
-        mesh = flattened_mesh(dp, tp);
+        mesh = detail::flattened_mesh(dp, tp);
       } catch (const Error& err) {
         throw Error("'" + e.key + "' is 2-D (FSDP over " + dp.name() + " of a TP part over " + tp.name() +
-                    "): " + without_prefix(err.what()));
+                    "): " + detail::without_prefix(err.what()));
       }
       e.layout = two_d_layout(e, *mesh);
     } else if (e.sharded) {
@@ -100,7 +103,7 @@ void set_layouts(ModelLayout& layout) {
 
 }  // namespace
 
-ModelLayout collect_layout(torch::nn::Module& model) {
+ModelLayout::ModelLayout(torch::nn::Module& model) {
   Owners owners;
   for (const auto& m : model.modules(/*include_self=*/true))
     if (auto* unit = dynamic_cast<FSDPModule*>(m.get()))
@@ -109,20 +112,8 @@ ModelLayout collect_layout(torch::nn::Module& model) {
   // units too.
   TPLayouts tp;
   for (const auto& p : tensor_parallel_parameters(model)) tp.emplace(p.param.unsafeGetTensorImpl(), p.layout);
-  ModelLayout layout;
-  visit_module(model, "", owners, tp, layout);
-  set_layouts(layout);
-  return layout;
+  visit_module(model, "", owners, tp, *this);
+  set_layouts(*this);
 }
 
-std::unordered_map<const c10::TensorImpl*, at::Tensor> gather_full_params(const ModelLayout& layout) {
-  std::unordered_map<const c10::TensorImpl*, at::Tensor> out;
-  for (const auto& u : layout.units) {
-    auto params = u.unit->sharded_parameters();
-    auto full = u.unit->full_parameters();
-    for (size_t i = 0; i < params.size(); ++i) out[params[i].param.unsafeGetTensorImpl()] = std::move(full[i]);
-  }
-  return out;
-}
-
-}  // namespace fsdpp::detail
+}  // namespace fsdpp

@@ -9,12 +9,13 @@
 // reduces over its process group, the shard group, the same way). Parameters no unit shards
 // (ignored, DDP, plain) are replicated: this rank's gradient counts once, without communication
 // (FSDP1's "nonsharded" parameters). Tensor-parallel parts are summed over the ranks that
-// partition them (below). Only the public APIs are used: sharded_parameters() and
-// process_group() of each unit, tensor_parallel_parameters().
+// partition them. Which group each gradient's parts lie over is ModelLayout's (its entries'
+// layouts), the same view the state dicts read.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <unordered_set>
@@ -25,12 +26,9 @@
 #include <fsdpp/clip_grad_norm.h>
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
-#include <fsdpp/fully_shard.h>
-#include <fsdpp/tensor_parallel.h>
+#include <fsdpp/model_layout.h>
 
-#include "comm/flattened_mesh.h"
 #include "common/error_text.h"
-#include "common/shape_string.h"
 
 namespace fsdpp {
 
@@ -39,29 +37,18 @@ namespace {
 struct ParamRef {
   std::string name;
   at::Tensor param;
+  const TensorLayout* layout;  // the group its gradient's parts lie over; null: whole here
 };
 
-// Parameters under their names without wrapper segments, each tensor once (tied parameters are
-// registered under several names).
-std::vector<ParamRef> unique_parameters(const torch::nn::Module& module) {
+// The parameters under their plain keys, each tensor once (tied parameters are registered under
+// several keys: the first counts).
+std::vector<ParamRef> unique_parameters(const ModelLayout& layout) {
   std::vector<ParamRef> out;
   std::unordered_set<const c10::TensorImpl*> seen;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
-    std::string name = item.key();
-    for (const std::string segment : {"_fsdp_wrapped_module.", "_checkpoint_wrapped_module."})
-      for (size_t pos; (pos = name.find(segment)) != std::string::npos;) name.erase(pos, segment.size());
-    out.push_back({std::move(name), item.value()});
-  }
+  for (const auto& e : layout.entries)
+    if (!e.is_buffer && seen.insert(e.tensor.unsafeGetTensorImpl()).second)
+      out.push_back({e.key, e.tensor, e.layout ? &*e.layout : nullptr});
   return out;
-}
-
-std::vector<FSDPModule*> units_of(torch::nn::Module& module) {
-  std::vector<FSDPModule*> units;
-  if (auto* self = dynamic_cast<FSDPModule*>(&module)) units.push_back(self);
-  for (const auto& m : module.modules(/*include_self=*/false))
-    if (auto* unit = dynamic_cast<FSDPModule*>(m.get())) units.push_back(unit);
-  return units;
 }
 
 // This rank's part of the norm of `grads`: sum of |g|^p, or max |g| for p = inf.
@@ -109,7 +96,13 @@ at::Tensor clip_grad_norm_(torch::nn::Module& module, double max_norm, double no
   if (std::isnan(max_norm))
     throw Error("clip_grad_norm_: max_norm is NaN");
 
-  const std::vector<ParamRef> params = unique_parameters(module);
+  std::optional<ModelLayout> layout;
+  try {
+    layout.emplace(module);
+  } catch (const Error& e) {
+    throw Error("clip_grad_norm_: " + detail::without_prefix(e.what()));
+  }
+  const std::vector<ParamRef> params = unique_parameters(*layout);
   // The accumulation dtype: float32 at least (as FSDP1's _get_grad_norm), float64 if any
   // parameter is float64. Decided from the parameters, not the gradients, so that every rank
   // agrees whichever gradients it holds.
@@ -118,41 +111,13 @@ at::Tensor clip_grad_norm_(torch::nn::Module& module, double max_norm, double no
     if (at::isFloatingType(p.param.scalar_type())) dtype = c10::promoteTypes(dtype, p.param.scalar_type());
   const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().param.device();
 
-  // The group over which each partitioned gradient's parts lie: a unit's shard group; a
-  // tensor-parallel Shard's TP group; both (2-D FSDP x TP): the group of the dp x tp mesh's ranks
-  // (under HSDP, of one replica's shard x tp ranks, as 1-D HSDP sums over the shard group only).
-  // A TP Replicate gradient is the same on its TP ranks, as any replicated one.
-  std::map<std::vector<int>, ProcessGroup> groups;                    // by global ranks: one order on every rank
-  std::map<const c10::TensorImpl*, const std::vector<int>*> group_of;  // parameter -> its group's key
-  std::map<const c10::TensorImpl*, ProcessGroup> tp_group_of;         // TP Shard parameters
-  for (const auto& p : tensor_parallel_parameters(module))
-    if (p.layout.placements().front().is_shard()) tp_group_of[p.param.unsafeGetTensorImpl()] = p.layout.process_group();
-  auto join = [&](const at::Tensor& param, const ProcessGroup& group) {
-    group_of[param.unsafeGetTensorImpl()] = &groups.emplace(group.ranks(), group).first->first;
-  };
-  for (FSDPModule* unit : units_of(module)) {
-    const ProcessGroup& group = unit->process_group();
-    for (const auto& sp : unit->sharded_parameters()) {
-      auto tp = tp_group_of.find(sp.param.unsafeGetTensorImpl());
-      if (tp == tp_group_of.end()) {
-        join(sp.param, group);
-        continue;
-      }
-      // Its blocks tile the parameter over the (dp, tp) mesh: the norm's part sums over the
-      // mesh's group (made by its members alone, so pipeline stages and HSDP replicas apart).
-      std::shared_ptr<const detail::FlattenedMesh> mesh;
-      try {
-        mesh = detail::flattened_mesh(group, tp->second);
-      } catch (const Error& e) {
-        throw Error("clip_grad_norm_: a 2-D parameter (" + detail::shape_string(sp.layout.global_shape()) +
-                    " TP part) is sharded over " + group.name() + " and " + tp->second.name() + ": " +
-                    detail::without_prefix(e.what()));
-      }
-      join(sp.param, mesh->group);
-      tp_group_of.erase(tp);
-    }
-  }
-  for (const auto& [impl, tp] : tp_group_of) group_of[impl] = &groups.emplace(tp.ranks(), tp).first->first;
+  // The group over which each partitioned gradient's parts lie (its layout's): a unit's shard
+  // group; a tensor-parallel Shard's TP group; both (2-D FSDP x TP): the group of the dp x tp
+  // mesh's ranks (under HSDP, of one replica's shard x tp ranks, as 1-D HSDP sums over the shard
+  // group only). A TP Replicate gradient is the same on its TP ranks, as any replicated one.
+  std::map<std::vector<int>, ProcessGroup> groups;  // by global ranks: one order on every rank
+  for (const auto& p : params)
+    if (p.layout) groups.emplace(p.layout->process_group().ranks(), p.layout->process_group());
 
   std::map<std::vector<int>, NormAccumulator> sharded_parts;
   for (const auto& [ranks, group] : groups) sharded_parts.emplace(ranks, NormAccumulator(norm_type, dtype, device));
@@ -162,8 +127,7 @@ at::Tensor clip_grad_norm_(torch::nn::Module& module, double max_norm, double no
     const at::Tensor& grad = p.param.grad();
     if (!grad.defined()) continue;
     grads.push_back(grad);
-    auto it = group_of.find(p.param.unsafeGetTensorImpl());
-    (it == group_of.end() ? local_part : sharded_parts.at(*it->second)).add(grad);
+    (p.layout ? sharded_parts.at(p.layout->process_group().ranks()) : local_part).add(grad);
   }
 
   // Reduce each shard group's part over the group, in the same (sorted) order on every rank:

@@ -1,5 +1,5 @@
 // StateDictValue and StateDict: the containers, and their torch::save / torch::load form.
-#include <fsdpp/state_dict.h>
+#include <fsdpp/state_dict_container.h>
 
 #include <sstream>
 
@@ -208,14 +208,6 @@ void operator>>(torch::serialize::InputArchive& archive, StateDict& sd) {
     out.insert(key, std::move(t));
   }
   sd = std::move(out);
-}
-
-const char* config_type_name(const StateDictConfig& config) {
-  switch (config.index()) {
-    case 0: return "FullStateDictConfig";
-    case 1: return "ShardedStateDictConfig";
-    default: return "LocalStateDictConfig";
-  }
 }
 
 }  // namespace fsdpp
