@@ -2,10 +2,12 @@
 // Process groups: who talks to whom. A ProcessGroup is a cheap, copyable handle.
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <c10/util/intrusive_ptr.h>
+#include <torch/arg.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace c10d {
@@ -18,31 +20,25 @@ namespace detail {
 struct ProcessGroupImpl;
 }
 
-// Options of init_process_group, spelled like PyTorch's arguments.
+// Options of init_process_group, spelled like PyTorch's arguments (libtorch's TORCH_ARG style:
+// `name(v)` sets and returns *this, `name()` reads).
 struct InitProcessGroupOptions {
   // "gloo" (CPU tensors). "nccl" is accepted only when libtorch was built with it.
-  InitProcessGroupOptions& backend(std::string v) { backend_ = std::move(v); return *this; }
+  TORCH_ARG(std::string, backend) = "gloo";
   // "env://" (default: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as torchrun sets them),
   // "tcp://host:port" or "file:///path/to/file".
-  InitProcessGroupOptions& init_method(std::string v) { init_method_ = std::move(v); return *this; }
-  InitProcessGroupOptions& rank(int v) { rank_ = v; return *this; }
-  InitProcessGroupOptions& world_size(int v) { world_size_ = v; return *this; }
+  TORCH_ARG(std::string, init_method) = "env://";
+  // -1: from the environment (RANK, WORLD_SIZE).
+  TORCH_ARG(int, rank) = -1;
+  TORCH_ARG(int, world_size) = -1;
   // An explicit rendezvous store (then rank and world_size are required).
-  InitProcessGroupOptions& store(c10::intrusive_ptr<c10d::Store> v);
+  TORCH_ARG(c10::intrusive_ptr<c10d::Store>, store);
   // Applies to the rendezvous and to every collective.
-  InitProcessGroupOptions& timeout(std::chrono::milliseconds v) { timeout_ = v; return *this; }
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(30);
   // Before each collective, ranks compare what they are about to do (kind, dtype,
   // sizes, root) and throw a clear error on a mismatch instead of hanging.
-  // Costs one small exchange per collective. Default on; FSDPP_CHECK_COLLECTIVES=0 turns it off.
-  InitProcessGroupOptions& check_collectives(bool v) { check_collectives_ = v; return *this; }
-
-  std::string backend_ = "gloo";
-  std::string init_method_ = "env://";
-  int rank_ = -1;
-  int world_size_ = -1;
-  c10::intrusive_ptr<c10d::Store> store_;
-  std::chrono::milliseconds timeout_ = std::chrono::minutes(30);
-  int check_collectives_ = -1;  // -1: from the environment, default on
+  // Costs one small exchange per collective. Unset: on, unless FSDPP_CHECK_COLLECTIVES=0.
+  TORCH_ARG(std::optional<bool>, check_collectives);
 };
 
 class ProcessGroup {

@@ -11,14 +11,16 @@
 // record_function. Not recording, each costs an atomic load.
 #include <string>
 
+#include <torch/arg.h>
+
 namespace fsdpp::profiler {
 
+// libtorch's TORCH_ARG style: `name(v)` sets and returns *this, `name()` reads.
 struct ProfilerOptions {
   // PyTorch's profile_memory: a counter track `memory` of the bytes of tensor storage alive
   // (fsdpp::memory_stats().current_bytes), sampled at every allocation and free, so the
   // step's peak and what was running then can be read off the timeline.
-  ProfilerOptions& profile_memory(bool v) { profile_memory_ = v; return *this; }
-  bool profile_memory_ = false;
+  TORCH_ARG(bool, profile_memory) = false;
 };
 
 // Clears what an earlier recording left and starts recording.

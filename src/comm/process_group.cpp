@@ -17,6 +17,7 @@
 #include "comm/local_address.h"
 #include "comm/process_group_impl.h"
 #include "compat/tcp_store_options.h"
+#include "profiler/timeline.h"
 
 namespace fsdpp {
 namespace {
@@ -106,8 +107,8 @@ std::chrono::milliseconds timeout_from(std::chrono::milliseconds option) {
   return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(seconds * 1000)));
 }
 
-bool check_collectives_from(int option) {
-  if (option >= 0) return option != 0;
+bool check_collectives_from(std::optional<bool> option) {
+  if (option) return *option;
   const char* env = std::getenv("FSDPP_CHECK_COLLECTIVES");
   return !(env && std::string(env) == "0");
 }
@@ -124,40 +125,40 @@ struct Rendezvous {
 Rendezvous rendezvous(const InitProcessGroupOptions& o, std::chrono::milliseconds timeout) {
   Rendezvous r;
   const std::string env_why = "init_method env:// needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as torchrun sets them";
-  const bool from_env = !o.store_ && o.init_method_ == "env://";
-  r.rank = o.rank_ >= 0 ? o.rank_ : env_int("RANK", -1, from_env || o.store_, env_why);
-  r.world_size = o.world_size_ >= 0 ? o.world_size_ : env_int("WORLD_SIZE", -1, from_env || o.store_, env_why);
+  const bool from_env = !o.store() && o.init_method() == "env://";
+  r.rank = o.rank() >= 0 ? o.rank() : env_int("RANK", -1, from_env || o.store(), env_why);
+  r.world_size = o.world_size() >= 0 ? o.world_size() : env_int("WORLD_SIZE", -1, from_env || o.store(), env_why);
   if (r.rank < 0 || r.world_size < 1)
     throw Error("init_process_group needs a rank and a world size (got rank " + std::to_string(r.rank) +
                 ", world size " + std::to_string(r.world_size) + ")");
   if (r.rank >= r.world_size)
     throw Error("rank " + std::to_string(r.rank) + " is outside a world of size " + std::to_string(r.world_size));
 
-  if (o.store_) {
-    r.store = o.store_;
+  if (o.store()) {
+    r.store = o.store();
     r.description = "the given store";
     return r;
   }
   std::string host;
   int port = 0;
-  if (o.init_method_ == "env://") {
+  if (o.init_method() == "env://") {
     host = env_string("MASTER_ADDR", env_why);
     port = parse_port(env_string("MASTER_PORT", env_why), "environment variable MASTER_PORT");
-  } else if (o.init_method_.rfind("tcp://", 0) == 0) {
-    std::string rest = o.init_method_.substr(6);
+  } else if (o.init_method().rfind("tcp://", 0) == 0) {
+    std::string rest = o.init_method().substr(6);
     auto colon = rest.rfind(':');
-    if (colon == std::string::npos) throw Error("init_method '" + o.init_method_ + "' lacks a port (tcp://host:port)");
+    if (colon == std::string::npos) throw Error("init_method '" + o.init_method() + "' lacks a port (tcp://host:port)");
     host = rest.substr(0, colon);
     port = parse_port(rest.substr(colon + 1), "init_method port");
-  } else if (o.init_method_.rfind("file://", 0) == 0) {
-    std::string path = o.init_method_.substr(7);
-    if (path.empty()) throw Error("init_method '" + o.init_method_ + "' names no file");
+  } else if (o.init_method().rfind("file://", 0) == 0) {
+    std::string path = o.init_method().substr(7);
+    if (path.empty()) throw Error("init_method '" + o.init_method() + "' names no file");
     r.store = c10::make_intrusive<c10d::FileStore>(path, r.world_size);
     r.store->setTimeout(timeout);
-    r.description = o.init_method_;
+    r.description = o.init_method();
     return r;
   } else {
-    throw Error("init_method '" + o.init_method_ + "' is not env://, tcp://host:port or file:///path");
+    throw Error("init_method '" + o.init_method() + "' is not env://, tcp://host:port or file:///path");
   }
   r.local_only = is_loopback(host);
   r.master_host = host;
@@ -165,7 +166,7 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o, std::chrono::millisecond
   // Under torchrun the agent already serves the store on MASTER_PORT: every rank is a client,
   // under the attempt's prefix, as PyTorch's own init_process_group does.
   const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-  const bool use_agent_store = o.init_method_ == "env://" && agent_store && std::string(agent_store) == "True";
+  const bool use_agent_store = o.init_method() == "env://" && agent_store && std::string(agent_store) == "True";
   c10d::TCPStoreOptions store_options = compat::tcp_store_options();
   store_options.port = static_cast<std::uint16_t>(port);
   store_options.isServer = r.rank == 0 && !use_agent_store;
@@ -338,11 +339,6 @@ ProcessGroup members_group(const ProcessGroup& group, std::vector<int> ranks) {
 
 }  // namespace detail
 
-InitProcessGroupOptions& InitProcessGroupOptions::store(c10::intrusive_ptr<c10d::Store> v) {
-  store_ = std::move(v);
-  return *this;
-}
-
 const detail::ProcessGroupImpl& ProcessGroup::impl() const {
   if (!impl_) throw Error("use of an empty ProcessGroup handle");
   return *impl_;
@@ -387,12 +383,12 @@ ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
 }
 
 ProcessGroup init_process_group(const InitProcessGroupOptions& options) {
-  if (options.backend_ != "gloo") {
-    throw Error("backend '" + options.backend_ + "' is not available: fsdpp runs its collectives on 'gloo' only" +
-                (options.backend_ == "nccl" ? " so far (CPU tensors; NCCL and CUDA devices are not supported yet)" : ""));
+  if (options.backend() != "gloo") {
+    throw Error("backend '" + options.backend() + "' is not available: fsdpp runs its collectives on 'gloo' only" +
+                (options.backend() == "nccl" ? " so far (CPU tensors; NCCL and CUDA devices are not supported yet)" : ""));
   }
   // One deadline for the whole rendezvous: store, arrival of every rank.
-  const std::chrono::milliseconds timeout = timeout_from(options.timeout_);
+  const std::chrono::milliseconds timeout = timeout_from(options.timeout());
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto left = [&] {
     return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -401,19 +397,20 @@ ProcessGroup init_process_group(const InitProcessGroupOptions& options) {
   Rendezvous r = rendezvous(options, timeout);
   auto g = std::make_shared<detail::ProcessGroupImpl>();
   g->name = "world";
-  g->backend_name = options.backend_;
+  g->backend_name = options.backend();
   g->store = r.store;
   g->ranks.resize(r.world_size);
   for (int i = 0; i < r.world_size; ++i) g->ranks[i] = i;
   g->global_rank = r.rank;
   g->rank = r.rank;
   g->timeout = timeout;
-  g->check_collectives = check_collectives_from(options.check_collectives_);
+  g->check_collectives = check_collectives_from(options.check_collectives());
   g->store->setTimeout(timeout);
   connect(*g, r.local_only, left(), r.master_host);
   g->comm_thread = std::make_unique<detail::CommThread>();
   std::lock_guard<std::mutex> lock(g_default_mutex);
   g_default_group = g;
+  profiler::detail::set_process_rank(g->global_rank);  // the profiler labels its trace with it
   return ProcessGroup(g);
 }
 
@@ -432,6 +429,7 @@ bool is_initialized() {
 void destroy_process_group() {
   std::lock_guard<std::mutex> lock(g_default_mutex);
   g_default_group.reset();
+  profiler::detail::set_process_rank(-1);
 }
 
 int get_local_rank() { return env_int("LOCAL_RANK", 0, false, ""); }

@@ -88,8 +88,13 @@ class CountingCPUAllocator final : public compat::CPUAllocatorBase {
 };
 
 CountingCPUAllocator g_allocator;
-// Priority 1 beats c10's default registration (0) whichever runs first.
-const bool g_installed = (c10::SetCPUAllocator(&g_allocator, /*priority=*/1), true);
+
+long long current_bytes() { return g_current.load(); }
+
+// Priority 1 beats c10's default registration (0) whichever runs first. The profiler's memory
+// counter starts from current_bytes (it does not read this layer itself).
+const bool g_installed = (c10::SetCPUAllocator(&g_allocator, /*priority=*/1),
+                          profiler::detail::set_memory_source(&current_bytes), true);
 
 }  // namespace
 

@@ -12,8 +12,6 @@
 #include <nlohmann/json.hpp>
 
 #include <fsdpp/error.h>
-#include <fsdpp/memory.h>
-#include <fsdpp/process_group.h>
 
 #include "profiler/timeline.h"
 
@@ -41,6 +39,8 @@ std::vector<RecordedEvent> g_events;
 // Never destroyed: tensors freed during static destruction still report to it while recording.
 std::vector<MemorySample>& g_memory = *new std::vector<MemorySample>;
 std::map<int, std::string> g_track_names;
+std::atomic<int> g_process_rank{-1};
+std::atomic<long long (*)()> g_memory_source{nullptr};
 int g_next_track = 0;
 
 // Small numbers for threads, in the order they first record: stable across a trace's tracks.
@@ -83,6 +83,10 @@ void record_memory(long long bytes) {
   g_memory.push_back({now_us(), bytes});
 }
 
+void set_process_rank(int rank) { g_process_rank = rank; }
+
+void set_memory_source(long long (*current_bytes)()) { g_memory_source = current_bytes; }
+
 }  // namespace detail
 
 void start(const ProfilerOptions& options) {
@@ -92,9 +96,10 @@ void start(const ProfilerOptions& options) {
     detail::g_memory.clear();
   }
   detail::g_recording = true;
-  detail::g_recording_memory = options.profile_memory_;
+  detail::g_recording_memory = options.profile_memory();
   // The counter starts from what is alive already.
-  if (options.profile_memory_) detail::record_memory(memory_stats().current_bytes);
+  if (options.profile_memory())
+    if (auto current_bytes = detail::g_memory_source.load()) detail::record_memory(current_bytes());
 }
 
 void stop() {
@@ -105,10 +110,11 @@ void stop() {
 bool is_recording() { return detail::recording(); }
 
 void export_chrome_trace(const std::string& path) {
-  const int pid = is_initialized() ? default_group().rank() : static_cast<int>(getpid());
+  const int rank = detail::g_process_rank.load();
+  const int pid = rank >= 0 ? rank : static_cast<int>(getpid());
   nlohmann::json events = nlohmann::json::array();
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid},
-                    {"args", {{"name", is_initialized() ? "rank " + std::to_string(pid) : "pid " + std::to_string(pid)}}}});
+                    {"args", {{"name", rank >= 0 ? "rank " + std::to_string(pid) : "pid " + std::to_string(pid)}}}});
   events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
   {
     std::lock_guard<std::mutex> lock(detail::g_mutex);

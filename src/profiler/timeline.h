@@ -1,6 +1,7 @@
 #pragma once
 // What fsdpp's own code records into the profiler's timeline (include/fsdpp/profiler.h).
-// Private to fsdpp.
+// The profiler is a low layer: comm and memory record into it and tell it what it labels a
+// trace with (the rank, the bytes alive at start()); it includes neither. Private to fsdpp.
 #include <atomic>
 #include <string>
 #include <utility>
@@ -41,5 +42,13 @@ void record(Event event);
 // A sample of the `memory` counter: `bytes` of tensor storage alive now. Called by the CPU
 // allocator on every allocation and free while recording memory.
 void record_memory(long long bytes);
+
+// This process's global rank, -1 for none: export_chrome_trace labels the trace "rank R" (pid R)
+// while it is set, else "pid P". init_process_group sets it, destroy_process_group clears it.
+void set_process_rank(int rank);
+
+// What start() samples first when recording memory: the bytes of tensor storage alive now.
+// fsdpp's CPU allocator registers it when libfsdpp loads; until then the first sample is skipped.
+void set_memory_source(long long (*current_bytes)());
 
 }  // namespace fsdpp::profiler::detail

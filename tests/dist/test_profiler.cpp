@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <set>
@@ -222,6 +223,32 @@ TEST(ProfilerMemory, SamplesTheTotalAtStartAndAfterEachAllocationAndFree) {
   std::vector<int64_t> bytes;
   for (const auto& s : Trace(path).named("memory")) bytes.push_back(s.at("args").at("bytes").get<int64_t>());
   EXPECT_EQ(bytes, (std::vector<int64_t>{base, base + mib, base + 4 * mib, base + 3 * mib}));
+}
+
+// The trace's process is "rank R" (pid R) while a default group exists, "pid P" (the OS pid)
+// before init_process_group and after destroy_process_group: the profiler is told the rank, it
+// does not read the process group.
+TEST(ProfilerLabel, RankWhileADefaultGroupExistsElseTheOsPid) {
+  const std::string stem = ::testing::TempDir() + "profiler-label-" + std::to_string(getpid());
+  auto label = [&](const std::string& path) {
+    profiler::start();
+    { profiler::record_function mark("mark"); }
+    profiler::stop();
+    profiler::export_chrome_trace(path);
+    std::pair<std::string, std::set<int>> seen;
+    for (const auto& e : Trace(path).events) {
+      if (e.at("name") == "process_name") seen.first = e.at("args").at("name");
+      seen.second.insert(e.at("pid").get<int>());
+    }
+    return seen;
+  };
+  const int pid = static_cast<int>(getpid());
+  EXPECT_EQ(label(stem + "-before.json"), std::make_pair("pid " + std::to_string(pid), std::set<int>{pid}));
+  std::remove((stem + ".store").c_str());
+  init_process_group(InitProcessGroupOptions().init_method("file://" + stem + ".store").rank(0).world_size(1));
+  EXPECT_EQ(label(stem + "-in.json"), std::make_pair(std::string("rank 0"), std::set<int>{0}));
+  destroy_process_group();
+  EXPECT_EQ(label(stem + "-after.json"), std::make_pair("pid " + std::to_string(pid), std::set<int>{pid}));
 }
 
 // HSDP on a 2 x 2 mesh, as FSDP2's foreach_reduce: each unit's all-reduce across the replicas is

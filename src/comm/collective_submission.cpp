@@ -1,0 +1,111 @@
+// Submitting a collective to its group's comm thread, and tracing it (comm/collective_submission.h):
+// numbering, CommDebugMode's byte count, the profiler's issue / run records, the intent check
+// before the exchange, and turning a timeout into a report of who is missing.
+#include "comm/collective_submission.h"
+
+#include <exception>
+#include <utility>
+
+#include <fsdpp/comm_debug_mode.h>
+#include <fsdpp/error.h>
+
+#include "comm/comm_thread.h"
+#include "comm/error_message.h"
+#include "comm/hang_report.h"
+#include "comm/process_group_impl.h"
+#include "profiler/timeline.h"
+
+namespace fsdpp::detail {
+namespace {
+
+// The profiler's view of a collective: issued on the caller's thread (inside its innermost
+// record_function), then run on the group's comm thread.
+struct TraceIssue {
+  long long at_us = -1;  // -1: not recording when issued
+  std::string in;
+};
+
+TraceIssue trace_issue(const std::string& name, const std::string& description) {
+  TraceIssue issue{profiler::detail::now_us(), profiler::detail::current_span()};
+  profiler::detail::record({"issue " + name, "collective", issue.at_us, -1, {{"collective", description}, {"in", issue.in}}});
+  return issue;
+}
+
+// A span of the comm thread's track, from the start of the run to its end (or failure).
+class TraceRun {
+ public:
+  TraceRun(const ProcessGroupImpl& g, const std::string& name, const std::string& description, const TraceIssue& issue,
+           int64_t bytes_sent)
+      : name_(name), description_(description), issue_(issue), bytes_sent_(bytes_sent) {
+    if (!profiler::detail::recording()) return;
+    start_us_ = profiler::detail::now_us();
+    profiler::detail::name_this_thread("comm thread of group " + g.name);
+  }
+  ~TraceRun() {
+    if (start_us_ < 0) return;
+    std::vector<std::pair<std::string, std::string>> args{{"collective", description_},
+                                                          {"bytes sent", std::to_string(bytes_sent_)}};
+    if (issue_.at_us >= 0) {
+      args.emplace_back("issued in", issue_.in);
+      args.emplace_back("queued us", std::to_string(start_us_ - issue_.at_us));
+    }
+    if (std::uncaught_exceptions() > 0) args.emplace_back("failed", "yes");
+    profiler::detail::record({name_, "collective", start_us_, profiler::detail::now_us() - start_us_, std::move(args)});
+  }
+  TraceRun(const TraceRun&) = delete;
+  TraceRun& operator=(const TraceRun&) = delete;
+
+ private:
+  const std::string& name_;
+  const std::string& description_;
+  const TraceIssue& issue_;
+  int64_t bytes_sent_;
+  long long start_us_ = -1;
+};
+
+}  // namespace
+
+// Numbering and counting happen in the caller's thread, so they follow issue order.
+Work submit(const ProcessGroupImpl& g, CollectiveKind kind, CollectiveIntent intent, int64_t bytes_sent,
+            const std::string& what, bool async_op, std::function<void()> run, Work after) {
+  const int64_t seq = g.next_seq++;
+  intent.fields[CollectiveIntent::kKind] = kind;
+  intent.fields[CollectiveIntent::kSeq] = seq;
+  if (bytes_sent >= 0) CommDebugMode::record(collective_name(kind), bytes_sent);
+  std::string description =
+      std::string(collective_name(kind)) + "(" + what + ") #" + std::to_string(seq) + " on " + g.where();
+  const bool check = g.check_collectives && g.size() > 1;
+  std::string trace_name = std::string(collective_name(kind)) + " #" + std::to_string(seq) + " " + g.name;
+  auto issued = profiler::detail::recording() ? trace_issue(trace_name, description) : TraceIssue{};
+  auto state = g.comm_thread->enqueue(description, [&g, check, seq, description, intent = std::move(intent),
+                                                    run = std::move(run), trace_name, issued, bytes_sent,
+                                                    after = std::move(after)] {
+    try {
+      after.wait();
+    } catch (const std::exception& e) {
+      throw Error(description + " not run: " + message_without_backtrace(e));
+    }
+    TraceRun traced(g, trace_name, description, issued, bytes_sent);
+    try {
+      if (check) check_intent(g, intent);
+      run();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      const bool own_timeout = is_timeout(e);
+      if (g.failed.exchange(true)) {  // an earlier collective of this group already failed here
+        if (!own_timeout) throw;
+        throw Error(description + " failed: timed out after an earlier collective of " + g.where() + " failed");
+      }
+      if (!own_timeout && !peer_timed_out(g, seq)) throw;
+      // Say who is missing, not just that the wait ended (and without c10's backtrace).
+      throw Error(description + " failed: " + report_hang(g, seq, description, own_timeout));
+    }
+  });
+  state->trace_name = std::move(trace_name);
+  Work work(state);
+  if (!async_op) work.wait();
+  return work;
+}
+
+}  // namespace fsdpp::detail
