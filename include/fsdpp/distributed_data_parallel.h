@@ -15,6 +15,14 @@
 // bucket's all_reduce starts asynchronously as soon as all its gradients are in, in bucket
 // order, so communication overlaps the rest of backward. When backward ends, DDP waits for
 // every bucket and writes the averaged gradients to `.grad`.
+//
+// Uneven inputs (PyTorch's `with ddp_model.join():`): DDP is a fsdpp::Joinable.
+//
+//   ddp.join([&] { for (auto& batch : my_batches) { loss_fn(ddp.forward(batch.x), batch.y).backward(); opt.step(); } });
+//
+// A rank that ran out of batches shadows each iteration of the ranks still training (their
+// gradient all_reduces, with zeros), so those get the sum of their gradients divided by the
+// group's size; at the end every rank gets the parameters of the last rank to finish.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,9 +33,11 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <fsdpp/join.h>
 #include <fsdpp/process_group.h>
 #include <fsdpp/work.h>
 
@@ -35,6 +45,7 @@ namespace fsdpp {
 
 namespace detail {
 class Reducer;
+class DDPJoinHook;
 }
 
 struct DistributedDataParallelOptions {
@@ -66,6 +77,19 @@ struct DistributedDataParallelOptions {
   bool find_unused_parameters_ = false;
   bool gradient_as_bucket_view_ = false;
   bool static_graph_ = false;
+};
+
+// The arguments of PyTorch's `DistributedDataParallel.join(...)`.
+struct DistributedDataParallelJoinOptions {
+  // true: the ranks still training get the sum of their gradients divided by the group's
+  // size (the joined ranks contribute zeros). false: divided by the number of ranks still
+  // training in that iteration (known only when DDP is the first joinable of the Join, else
+  // the group's size is used). Applies to the default reduction; a comm hook decides itself.
+  TORCH_ARG(bool, divide_by_initial_world_size) = true;
+  // false: join() just runs the body.
+  TORCH_ARG(bool, enable) = true;
+  // Every rank throws fsdpp::Error as soon as one rank runs out of inputs.
+  TORCH_ARG(bool, throw_on_early_termination) = false;
 };
 
 // One bucket of gradients, as a communication hook sees it (PyTorch's dist.GradBucket).
@@ -111,7 +135,7 @@ class DistributedDataParallel;
 // The untyped DDP: everything but a typed forward. Any DistributedDataParallel<M> is one, so
 // a function that takes `DistributedDataParallel<>&` accepts them all.
 template <>
-class DistributedDataParallel<torch::nn::Module> {
+class DistributedDataParallel<torch::nn::Module> : public Joinable {
  public:
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, DistributedDataParallelOptions options = {});
   template <typename ModuleImpl>
@@ -168,12 +192,42 @@ class DistributedDataParallel<torch::nn::Module> {
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
   size_t num_buckets() const;
 
- protected:
-  // What forward() does before calling the module: broadcast the buffers if enabled.
+  // What forward() does before calling the module: inside a Join, notify it and tell the
+  // joined ranks whether this iteration's backward synchronizes; broadcast the buffers if
+  // enabled (inside a Join from the highest rank still training, as rank 0 may have joined).
+  // Call it yourself before the module's forward if you do not go through forward().
   void pre_forward();
 
+  // PyTorch's `with ddp_model.join(divide_by_initial_world_size, enable,
+  // throw_on_early_termination):` -- runs `body` (this rank's training loop) in
+  // fsdpp::Join({this}). To join DDP with other joinables (ZeroRedundancyOptimizer), pass it
+  // to fsdpp::Join yourself, first: Join({&ddp, &zero}).run(body) (then
+  // divide_by_initial_world_size is true).
+  void join(const std::function<void()>& body, DistributedDataParallelJoinOptions options = {});
+
+  // Joinable. Each iteration under Join is one forward through DDP and its backward (or a
+  // forward without gradients, or forward and backward both under no_sync()). A joined rank's
+  // hook shadows the forward's collectives and, when the ranks still training synchronize, the
+  // backward's: every bucket's reduction with zeros, in bucket order (through the comm hook if
+  // one is registered), then writes the result to its `.grad` and runs the bucket-reduced
+  // callbacks as they do (so a ZeroRedundancyOptimizer after DDP in the Join steps the joined
+  // rank's partition with the averaged gradients). The post hook gives every rank the
+  // parameters (and buffers with broadcast_buffers) of the highest rank among the last to
+  // join, since joined ranks did not step. static_graph is refused until its first
+  // synchronized backward has recorded the graph (do one iteration before the Join).
+  std::unique_ptr<JoinHook> join_hook() override;
+  ProcessGroup join_process_group() const override;
+  c10::Device join_device() const override;
+
+ protected:
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<detail::Reducer> reducer_;
+
+ private:
+  friend class detail::DDPJoinHook;
+  void pre_forward_in_join();
+  // `in_join`: the joinable that stands for this DDP in the Join.
+  std::unique_ptr<JoinHook> join_hook_for(Joinable* in_join, bool divide_by_initial_world_size);
 };
 
 namespace detail {

@@ -1,5 +1,6 @@
 #pragma once
 // Join: training with uneven inputs (PyTorch's torch.distributed.algorithms.join).
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -15,7 +16,7 @@ namespace fsdpp {
 // every rank has joined. Each iteration of a rank still training must call
 // Join::notify_join_context(first joinable) once, before its other collectives; only the first
 // joinable's notification communicates (one all_reduce of one element), the others are no-ops.
-// ZeroRedundancyOptimizer::step() notifies by itself.
+// ZeroRedundancyOptimizer::step() and DistributedDataParallel's forward notify by themselves.
 class JoinHook {
  public:
   virtual ~JoinHook() = default;
@@ -38,8 +39,10 @@ class Joinable {
 class Join {
  public:
   // All joinables must use the same process group. With enable = false, run() just runs the
-  // body (as PyTorch's `enable` argument).
-  explicit Join(std::vector<Joinable*> joinables, bool enable = true);
+  // body (as PyTorch's `enable` argument). With throw_on_early_termination, every rank throws
+  // fsdpp::Error as soon as one rank has joined: the ranks still training from
+  // notify_join_context, the joined rank from run() (PyTorch's argument of that name).
+  explicit Join(std::vector<Joinable*> joinables, bool enable = true, bool throw_on_early_termination = false);
 
   // Runs `body` (this rank's training loop), then the join loop. An exception from `body`
   // propagates without running the join loop (peers then fail on their collective timeout).
@@ -47,12 +50,15 @@ class Join {
   void run(const std::function<void()>& body);
 
   // Tells the active Join context (if any) that this rank has not joined yet. Communicates
-  // only when `joinable` is the first joinable of the context and this rank has not joined.
-  static void notify_join_context(Joinable& joinable);
+  // only when `joinable` is the first joinable of the context and this rank has not joined,
+  // and then returns how many ranks of the group have not joined (this one included);
+  // otherwise returns 0.
+  static int64_t notify_join_context(Joinable& joinable);
 
  private:
   std::vector<Joinable*> joinables_;
   bool enable_;
+  bool throw_on_early_termination_;
 };
 
 }  // namespace fsdpp

@@ -2,7 +2,6 @@
 
 #include <map>
 #include <sstream>
-#include <unordered_set>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -10,23 +9,16 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 
+#include "ddp/module_states.h"
 #include "ddp/reducer.h"
 
 namespace fsdpp {
 namespace {
 
+using detail::NamedTensors;
 using detail::Reducer;
-using NamedTensors = std::vector<Reducer::NamedTensor>;
-
-// Each tensor once, in registration order (a shared parameter appears under its first name).
-NamedTensors unique_named(const torch::OrderedDict<std::string, at::Tensor>& dict) {
-  NamedTensors out;
-  std::unordered_set<const c10::TensorImpl*> seen;
-  for (const auto& item : dict)
-    if (item.value().defined() && seen.insert(item.value().unsafeGetTensorImpl()).second)
-      out.push_back({item.key(), item.value()});
-  return out;
-}
+using detail::tensors_of;
+using detail::unique_named;
 
 std::string type_and_shape(const at::Tensor& t) {
   std::ostringstream out;
@@ -112,54 +104,6 @@ void verify_same_model(const std::string& mine, const ProcessGroup& group) {
   throw Error(message);
 }
 
-// Broadcasts the tensors' values from group rank 0, coalesced per dtype and device into
-// buffers of at most 256 MiB.
-void broadcast_from_first_rank(const std::vector<at::Tensor>& tensors, const ProcessGroup& group) {
-  if (group.size() == 1 || tensors.empty()) return;
-  constexpr int64_t kChunkBytes = int64_t{256} << 20;
-  torch::NoGradGuard no_grad;
-  std::map<std::pair<int, std::string>, std::vector<at::Tensor>> by_type;
-  std::vector<std::pair<int, std::string>> order;
-  for (const auto& t : tensors) {
-    auto key = std::make_pair(static_cast<int>(t.scalar_type()), t.device().str());
-    if (!by_type.count(key)) order.push_back(key);
-    by_type[key].push_back(t);
-  }
-  auto flush = [&](std::vector<at::Tensor>& chunk) {
-    if (chunk.empty()) return;
-    std::vector<at::Tensor> flat;
-    for (const auto& t : chunk) flat.push_back(t.detach().reshape({-1}));
-    at::Tensor buffer = at::cat(flat);
-    broadcast(buffer, group.global_rank(0), group);
-    int64_t offset = 0;
-    for (const auto& t : chunk) {
-      t.detach().copy_(buffer.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
-    }
-    chunk.clear();
-  };
-  for (const auto& key : order) {
-    std::vector<at::Tensor> chunk;
-    int64_t bytes = 0;
-    for (const auto& t : by_type[key]) {
-      const int64_t b = t.numel() * static_cast<int64_t>(t.element_size());
-      if (!chunk.empty() && bytes + b > kChunkBytes) {
-        flush(chunk);
-        bytes = 0;
-      }
-      chunk.push_back(t);
-      bytes += b;
-    }
-    flush(chunk);
-  }
-}
-
-std::vector<at::Tensor> tensors_of(const NamedTensors& named) {
-  std::vector<at::Tensor> out;
-  for (const auto& n : named) out.push_back(n.tensor);
-  return out;
-}
-
 }  // namespace
 
 using DDP = DistributedDataParallel<torch::nn::Module>;
@@ -180,7 +124,7 @@ DDP::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, Distribu
 
   std::vector<at::Tensor> state = tensors_of(params);
   for (const auto& b : buffers) state.push_back(b.tensor);
-  broadcast_from_first_rank(state, group);
+  detail::broadcast_coalesced(state, 0, group);
 
   NamedTensors trainable;
   for (auto& p : params)
@@ -216,7 +160,7 @@ void DDP::register_bucket_reduced_callback(BucketReducedCallback callback) {
 }
 
 void DDP::sync_buffers() {
-  broadcast_from_first_rank(tensors_of(unique_named(module_->named_buffers(/*recurse=*/true))), process_group());
+  detail::broadcast_coalesced(tensors_of(unique_named(module_->named_buffers(/*recurse=*/true))), 0, process_group());
 }
 
 void DDP::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
@@ -229,6 +173,7 @@ std::vector<std::vector<std::string>> DDP::bucket_parameter_names() const { retu
 size_t DDP::num_buckets() const { return reducer_->num_buckets(); }
 
 void DDP::pre_forward() {
+  if (reducer_->join_joinable()) return pre_forward_in_join();
   if (options().broadcast_buffers_) sync_buffers();
 }
 

@@ -228,7 +228,9 @@ std::string Reducer::where() const {
 
 void Reducer::on_output_gradient() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  if (!sync_enabled_ || in_backward_) return;
+  if (in_backward_) return;
+  check_join_announcement();
+  if (!sync_enabled_) return;
   try {
     begin_backward();
   } catch (...) {
@@ -249,6 +251,7 @@ bool Reducer::static_graph_ready(size_t index) {
 
 void Reducer::on_gradient(size_t index) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (!in_backward_) check_join_announcement();
   used_since_sync_[index] = 1;
   if (!sync_enabled_) return;  // no_sync: the gradient just accumulates in .grad
   try {
@@ -327,15 +330,16 @@ void Reducer::mark_ready(size_t index) {
     at::Tensor& grad = p.tensor.mutable_grad();
     // Without a comm hook the bucket is summed over ranks: scale by 1/N while copying in (as
     // PyTorch's reducer does), which keeps the division off the end of backward.
-    const bool scale = !comm_hook_ && group_.size() > 1;
+    const int64_t divisor = divisor_ > 0 ? divisor_ : group_.size();
+    const bool scale = !comm_hook_ && divisor > 1;
     if (!grad.defined()) {
       view.zero_();
     } else if (is_bucket_view(grad, view)) {
-      if (scale) view.mul_(1.0 / group_.size());
+      if (scale) view.mul_(1.0 / divisor);
     } else {
       if (scale) {
         at::Tensor out = view;
-        at::mul_out(out, grad, at::scalar_tensor(1.0 / group_.size(), grad.options()));
+        at::mul_out(out, grad, at::scalar_tensor(1.0 / divisor, grad.options()));
       } else
         view.copy_(grad);
       if (options_.gradient_as_bucket_view_) grad = view;
@@ -426,25 +430,31 @@ void Reducer::finalize_backward() {
                   "of the model contributes to the loss. Gradients were not averaged in this backward.");
     }
     for (size_t k : missing_index) mark_ready(k);
-    if ((options_.find_unused_parameters_ && !options_.static_graph_) || recording) {
-      // A parameter no rank used since the last synchronization keeps its .grad untouched.
-      std::vector<int> local(used_since_sync_.begin(), used_since_sync_.end());
-      at::Tensor used = at::tensor(local, at::kInt).to(params_.front().tensor.device());
-      all_reduce(used, ReduceOp::MAX, group_);
-      used = used.cpu().contiguous();
-      const int* global = used.data_ptr<int>();
-      for (size_t k = 0; k < params_.size(); ++k) globally_used_[k] = global[k] != 0;
-    }
+    if ((options_.find_unused_parameters_ && !options_.static_graph_) || recording) reduce_used_map(used_since_sync_);
     if (recording) record_static_graph();
     finish_buckets(/*wait=*/true);
-    in_backward_ = false;
-    std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
-    std::fill(reachable_.begin(), reachable_.end(), 0);
-    have_reachability_ = false;
+    end_backward();
   } catch (...) {
     abort_backward();
     throw;
   }
+}
+
+// A parameter no rank used since the last synchronization keeps its .grad untouched.
+void Reducer::reduce_used_map(const std::vector<char>& local) {
+  at::Tensor used = at::tensor(std::vector<int>(local.begin(), local.end()), at::kInt).to(params_.front().tensor.device());
+  all_reduce(used, ReduceOp::MAX, group_);
+  used = used.cpu().contiguous();
+  const int* global = used.data_ptr<int>();
+  for (size_t k = 0; k < params_.size(); ++k) globally_used_[k] = global[k] != 0;
+}
+
+void Reducer::end_backward() {
+  in_backward_ = false;
+  std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
+  std::fill(reachable_.begin(), reachable_.end(), 0);
+  have_reachability_ = false;
+  if (join_joinable_) join_announced_ = -1;
 }
 
 void Reducer::record_static_graph() {
@@ -460,10 +470,7 @@ void Reducer::abort_backward() noexcept {
     }
   }
   reset_backward_state();
-  in_backward_ = false;
-  std::fill(used_since_sync_.begin(), used_since_sync_.end(), 0);
-  std::fill(reachable_.begin(), reachable_.end(), 0);
-  have_reachability_ = false;
+  end_backward();
 }
 
 }  // namespace fsdpp::detail

@@ -17,6 +17,11 @@
 //     used-parameter map is all-reduced; every bucket is waited for and finished.
 // With static_graph, the first synchronized backward only counts each parameter's hook calls
 // and does steps 2-4 at its end; later ones mark a parameter ready at its counted call.
+//
+// Under Join (uneven inputs), while DDP's join hook lives: each forward of a rank still
+// training announces whether its backward synchronizes (announce_forward), and a joined rank
+// shadows each synchronized backward with run_joined_iteration: the same collectives in the
+// same order, contributing zeros.
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -27,17 +32,16 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <fsdpp/distributed_data_parallel.h>
+#include <fsdpp/join.h>
 
 #include "compat/autograd_node.h"
+#include "ddp/module_states.h"
 
 namespace fsdpp::detail {
 
 class Reducer : public std::enable_shared_from_this<Reducer> {
  public:
-  struct NamedTensor {
-    std::string name;
-    at::Tensor tensor;
-  };
+  using NamedTensor = detail::NamedTensor;
 
   // `parameters`: the module's parameters that require grad, in registration order, each once.
   static std::shared_ptr<Reducer> create(std::vector<NamedTensor> parameters, ProcessGroup group,
@@ -57,6 +61,25 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
   size_t num_buckets() const { return buckets_.size(); }
+
+  // Join. begin_join/end_join bracket the life of DDP's join hook; `joinable` is the DDP
+  // object in the Join context (the one whose notification counts).
+  void begin_join(Joinable* joinable, bool divide_by_initial_world_size);
+  void end_join();
+  Joinable* join_joinable() const;  // null outside a Join
+  bool sync_enabled() const;
+  // static_graph: the first synchronized backward has recorded the graph.
+  bool graph_recorded() const;
+  // Throws if a forward announced a synchronized backward that has not run yet.
+  void check_no_backward_pending() const;
+  // A forward of a rank still training announced whether its backward synchronizes;
+  // `not_joined` ranks still train (0: unknown).
+  void announce_forward(bool will_sync, int64_t not_joined);
+  // A joined rank's shadow of one synchronized backward: every bucket reduced in bucket order
+  // with zeros as this rank's contribution (through the comm hook if one is registered), the
+  // used-parameter map with find_unused_parameters, then `.grad` written with the result and
+  // the bucket-reduced callbacks run, as on the ranks still training.
+  void run_joined_iteration();
 
  private:
   struct Param {
@@ -88,6 +111,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool static_graph_ready(size_t index);
   void record_static_graph();
   void finalize_backward();
+  // Sets globally_used_ from every rank's map (MAX).
+  void reduce_used_map(const std::vector<char>& local);
+  void end_backward();
+  // Under Join: the backward now starting must match the forward's announcement.
+  void check_join_announcement() const;
   void mark_ready(size_t index);
   void launch_ready_buckets();
   // Finishes launched buckets in order; without `wait`, only those already complete whose
@@ -123,6 +151,13 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<char> recorded_globally_used_;
   size_t next_to_launch_ = 0;
   size_t next_to_finish_ = 0;
+
+  // Join: see begin_join. join_announced_ is -1 when no forward announced since the last
+  // synchronized backward, else whether that forward's backward synchronizes.
+  Joinable* join_joinable_ = nullptr;
+  bool join_divide_by_initial_world_size_ = true;
+  int join_announced_ = -1;
+  int64_t divisor_ = 0;  // what gradients are divided by without a comm hook; 0: the group's size
 };
 
 }  // namespace fsdpp::detail

@@ -27,6 +27,7 @@
 #include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/distributed_data_parallel.h>
 #include <fsdpp/error.h>
+#include <fsdpp/join.h>
 
 #include "comm/wire_bytes.h"
 #include "dist/ddp_fixtures.h"
@@ -782,6 +783,257 @@ TEST_P(DDPMultiRank, DefaultAllReduceIsLaunchedWithoutBlockingBackward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(, DDPMultiRank, ::testing::Values(2, 3, 4), testing::world_size_name);
+
+// ------------------------------------------------------------------------------------------
+// Join: uneven inputs (PyTorch's `with ddp_model.join():`). Rank r trains 2 + r iterations on
+// batches of its own. The reference is the plain model trained on what join promises the ranks
+// still training: at iteration t, the sum of their gradients (each rank's own, computed from
+// the same parameters on its batch) divided by the group's size (or, with
+// divide_by_initial_world_size(false), by the number of ranks training). A join whose joined
+// ranks do not shadow the reductions hangs (the collective timeout fails the test); one that
+// shadows them with the wrong collectives, or divides wrongly, ends with other parameters.
+// ------------------------------------------------------------------------------------------
+
+class DDPJoin : public testing::WorldSizeTest {};
+
+testing::RunOptions join_run_options() {
+  testing::RunOptions options;
+  options.deadline = std::chrono::seconds(90);
+  options.collective_timeout = std::chrono::milliseconds(20000);
+  return options;
+}
+
+int iterations_of(int rank) { return 2 + rank; }
+
+// Rank r's micro-batches of iteration t (several when no_sync accumulates some of them).
+std::vector<Batch> batches_of(int rank, int t, int micro_batches) {
+  std::vector<Batch> out;
+  for (int m = 0; m < micro_batches; ++m) out.push_back(global_batch(500 + 100 * rank + 10 * t + m, 4));
+  return out;
+}
+
+// The gradients (and parameters after each SGD step) join must give the ranks still training.
+struct JoinTrajectory {
+  std::vector<std::vector<at::Tensor>> grads, params;
+};
+
+JoinTrajectory join_reference(uint64_t seed, int world_size, int micro_batches, bool divide_by_initial_world_size) {
+  auto reference = make_mlp(seed);
+  torch::optim::SGD opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  JoinTrajectory out;
+  for (int t = 0; t < iterations_of(world_size - 1); ++t) {
+    std::vector<at::Tensor> sum;
+    for (const auto& p : reference->parameters()) sum.push_back(at::zeros_like(p));
+    int training = 0;
+    for (int r = 0; r < world_size; ++r) {
+      if (t >= iterations_of(r)) continue;
+      ++training;
+      for (const Batch& b : batches_of(r, t, micro_batches)) {
+        clear_grads(*reference);
+        mse(reference->forward(b.x), b.y).backward();
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += reference->parameters()[i].grad();
+      }
+    }
+    const double divisor = divide_by_initial_world_size ? world_size : training;
+    out.grads.emplace_back();
+    for (size_t i = 0; i < sum.size(); ++i) {
+      out.grads.back().push_back(sum[i] / divisor);
+      reference->parameters()[i].mutable_grad() = out.grads.back()[i].clone();
+    }
+    opt.step();
+    out.params.emplace_back();
+    for (const auto& p : reference->parameters()) out.params.back().push_back(p.detach().clone());
+  }
+  return out;
+}
+
+void expect_tensors_close(const std::vector<at::Tensor>& actual, const std::vector<at::Tensor>& expected, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i) expect_close(actual[i], expected[i], what + " #" + std::to_string(i));
+}
+
+std::vector<at::Tensor> gradients_of(torch::nn::Module& m) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : m.parameters()) out.push_back(p.grad());
+  return out;
+}
+
+struct JoinScenario {
+  std::string name;
+  DistributedDataParallelOptions options;
+  bool comm_hook = false;          // a hook that divides by the group's size, then sums
+  bool warm_up = false;            // iteration 0 runs before the Join (static_graph records it)
+  int micro_batches = 1;           // all but the last of each iteration under no_sync()
+  bool divide_by_initial_world_size = true;
+};
+
+// Trains with DDP under ddp.join() as `scenario` says and checks every step, the gradients
+// every rank holds after the Join (the joined ranks' shadow wrote the last average too) and
+// the parameters every rank ends with (the post hook's broadcast: joined ranks did not step).
+void train_uneven_under_join(RankContext& ctx, const JoinScenario& scenario) {
+  SCOPED_TRACE(scenario.name);
+  const uint64_t seed = 300;
+  const JoinTrajectory expected = join_reference(seed, ctx.world_size, scenario.micro_batches, scenario.divide_by_initial_world_size);
+  auto model = make_mlp(seed);
+  DistributedDataParallel ddp(model, scenario.options);
+  std::vector<int> hook_calls(ddp.num_buckets(), 0);
+  if (scenario.comm_hook)
+    ddp.register_comm_hook([&](GradBucket& bucket) {
+      ++hook_calls.at(bucket.index());
+      bucket.buffer().div_(bucket.process_group().size());
+      return all_reduce(bucket.buffer(), ReduceOp::SUM, bucket.process_group(), /*async_op=*/true);
+    });
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto iteration = [&](int t) {
+    clear_grads(*model);
+    const std::vector<Batch> micro = batches_of(ctx.rank, t, scenario.micro_batches);
+    for (size_t m = 0; m + 1 < micro.size(); ++m) {
+      auto no_sync = ddp.no_sync();
+      mse(ddp.forward(micro[m].x), micro[m].y).backward();
+    }
+    mse(ddp.forward(micro.back().x), micro.back().y).backward();
+    expect_tensors_close(gradients_of(*model), expected.grads[t], "gradient at iteration " + std::to_string(t));
+    opt.step();
+    expect_tensors_close(model->parameters(), expected.params[t], "parameters after iteration " + std::to_string(t));
+  };
+  int t = 0;
+  if (scenario.warm_up) iteration(t++);
+  ddp.join([&] {
+    for (; t < iterations_of(ctx.rank); ++t) iteration(t);
+  }, DistributedDataParallelJoinOptions().divide_by_initial_world_size(scenario.divide_by_initial_world_size));
+  const int total = iterations_of(ctx.world_size - 1);
+  expect_tensors_close(gradients_of(*model), expected.grads.back(), "gradients after the Join");
+  expect_tensors_close(model->parameters(), expected.params.back(), "parameters after the Join");
+  if (scenario.comm_hook) {  // the joined ranks ran the hook for the iterations they shadowed
+    EXPECT_EQ(hook_calls, std::vector<int>(ddp.num_buckets(), total));
+  }
+}
+
+TEST_P(DDPJoin, UnevenInputsGiveTheSumOverTrainingRanksDividedByTheWorldSize) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const auto three_buckets = DistributedDataParallelOptions().bucket_cap_mb(cap_of_floats(80));
+    train_uneven_under_join(ctx, {"default options", DistributedDataParallelOptions()});
+    train_uneven_under_join(ctx, {"three buckets, gradient_as_bucket_view, find_unused_parameters",
+                                  DistributedDataParallelOptions(three_buckets).gradient_as_bucket_view(true).find_unused_parameters(true)});
+    train_uneven_under_join(ctx, {"comm hook", three_buckets, /*comm_hook=*/true});
+    train_uneven_under_join(ctx, {"static_graph recorded before the Join", DistributedDataParallelOptions(three_buckets).static_graph(true),
+                                  false, /*warm_up=*/true});
+  }, join_run_options());
+}
+
+TEST_P(DDPJoin, NoSyncUnderJoinAccumulatesLocallyAndJoinedRanksShadowOnlyTheSynchronizedBackward) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    train_uneven_under_join(ctx, {"two micro-batches, the first under no_sync", DistributedDataParallelOptions().bucket_cap_mb(cap_of_floats(80)),
+                                  false, false, /*micro_batches=*/2});
+  }, join_run_options());
+}
+
+TEST_P(DDPJoin, DivideByInitialWorldSizeFalseDividesByTheRanksStillTraining) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    train_uneven_under_join(ctx, {"divide_by_initial_world_size false", DistributedDataParallelOptions(), false, false, 1,
+                                  /*divide_by_initial_world_size=*/false});
+  }, join_run_options());
+}
+
+// DDP in a Join of its own making (fsdpp::Join({&ddp})) is the same as ddp.join().
+TEST_P(DDPJoin, DDPPassedToJoinDirectlyShadowsTheSameWay) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const JoinTrajectory expected = join_reference(310, ctx.world_size, 1, true);
+    auto model = make_mlp(310);
+    DistributedDataParallel ddp(model);
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    Join({&ddp}).run([&] {
+      for (int t = 0; t < iterations_of(ctx.rank); ++t) {
+        clear_grads(*model);
+        const Batch b = batches_of(ctx.rank, t, 1)[0];
+        mse(ddp.forward(b.x), b.y).backward();
+        opt.step();
+      }
+    });
+    expect_tensors_close(model->parameters(), expected.params.back(), "parameters after the Join");
+  }, join_run_options());
+}
+
+// With rank 0 joined, forward's buffers come from the highest rank still training (as PyTorch).
+TEST_P(DDPJoin, BuffersComeFromTheHighestRankStillTraining) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    torch::manual_seed(80);
+    Scaled model(1.0f);
+    DistributedDataParallel ddp(model);
+    model->scale.fill_(10.0f + ctx.rank);  // rank-local buffers, as BatchNorm's running stats
+    const float highest = 10.0f + ctx.world_size - 1;
+    ddp.join([&] {
+      for (int t = 0; t < iterations_of(ctx.rank); ++t) {
+        const Batch b = batches_of(ctx.rank, t, 1)[0];
+        mse(ddp.forward(b.x), b.y).backward();
+        EXPECT_TRUE(at::equal(model->scale, at::full({kOut}, highest + t))) << model->scale;
+        model->scale.add_(ctx.rank == ctx.world_size - 1 ? 1.0f : 100.0f);  // only the last rank's updates survive
+      }
+    });
+    const float last = highest + iterations_of(ctx.world_size - 1);  // the post hook's broadcast
+    EXPECT_TRUE(at::equal(model->scale, at::full({kOut}, last))) << model->scale;
+  }, join_run_options());
+}
+
+TEST_P(DDPJoin, ThrowOnEarlyTerminationThrowsOnEveryRank) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    auto model = make_mlp(320);
+    DistributedDataParallel ddp(model);
+    int iterations = 0;
+    const std::string message = error_of([&] {
+      ddp.join([&] {
+        for (int t = 0; t < iterations_of(ctx.rank); ++t) {
+          const Batch b = batches_of(ctx.rank, t, 1)[0];
+          mse(ddp.forward(b.x), b.y).backward();
+          ++iterations;
+        }
+      }, DistributedDataParallelJoinOptions().throw_on_early_termination(true));
+    });
+    EXPECT_NE(message.find("throw_on_early_termination"), std::string::npos) << message;
+    EXPECT_EQ(iterations, iterations_of(0));  // every rank stopped when rank 0 ran out
+  }, join_run_options());
+}
+
+TEST_P(DDPJoin, StaticGraphIsRefusedUntilItsFirstBackwardRecordedTheGraph) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    auto model = make_mlp(330);
+    DistributedDataParallel ddp(model, DistributedDataParallelOptions().static_graph(true));
+    bool ran = false;
+    const std::string message = error_of([&] { ddp.join([&] { ran = true; }); });
+    EXPECT_NE(message.find("static_graph under Join"), std::string::npos) << message;
+    EXPECT_FALSE(ran);
+  }, join_run_options());
+}
+
+INSTANTIATE_TEST_SUITE_P(, DDPJoin, ::testing::Values(2, 3, 4), testing::world_size_name);
+
+// Misuse under Join, on one rank (the error comes before any collective could mismatch).
+TEST(DDPJoinMisuse, ForwardTwiceBeforeBackwardNoSyncOnlyAroundBackwardAndBackwardWithoutDDPForwardAreErrors) {
+  run_ranks(1, [](RankContext&) {
+    auto model = make_mlp(340);
+    DistributedDataParallel ddp(model);
+    const Batch b = batches_of(0, 0, 1)[0];
+    std::string twice = error_of([&] {
+      ddp.join([&] {
+        at::Tensor first = ddp.forward(b.x);
+        ddp.forward(b.x);
+      });
+    });
+    EXPECT_NE(twice.find("before the backward of the previous forward"), std::string::npos) << twice;
+    std::string no_sync_late = error_of([&] {
+      ddp.join([&] {
+        at::Tensor loss = mse(ddp.forward(b.x), b.y);
+        auto no_sync = ddp.no_sync();
+        loss.backward();
+      });
+    });
+    EXPECT_NE(no_sync_late.find("no_sync() must cover the forward"), std::string::npos) << no_sync_late;
+    std::string direct = error_of([&] { ddp.join([&] { mse(model->forward(b.x), b.y).backward(); }); });
+    EXPECT_NE(direct.find("without a forward through DistributedDataParallel"), std::string::npos) << direct;
+    // Outside a Join, all of that is allowed again.
+    mse(model->forward(b.x), b.y).backward();
+  }, join_run_options());
+}
 
 TEST_P(DDPBadInput, ParameterShapeThatDiffersOnOneRankIsAnErrorOnEveryRank) {
   run_ranks(GetParam(), [](RankContext& ctx) {

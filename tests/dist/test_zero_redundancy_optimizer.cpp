@@ -8,6 +8,7 @@
 
 #include <fsdpp/collectives.h>
 #include <fsdpp/comm_debug_mode.h>
+#include <fsdpp/distributed_data_parallel.h>
 #include <fsdpp/error.h>
 #include <fsdpp/zero_redundancy_optimizer.h>
 
@@ -972,9 +973,12 @@ TEST_P(ZeroRedundancyOptimizer, LocalOptimizerParityRMSpropAdagrad) {
 }
 
 // ------------------------------------------------------------------------------------------
-// Join: uneven inputs (seed's test_zero_join_cpu). Rank r has 3 + r inputs per epoch. The
-// ground truth is a plain Adam stepping on the gradients DDP with join would produce (joined
-// ranks contribute zeros, the sum is divided by the world size), computed on every rank.
+// Join: uneven inputs (seed's test_zero_join_cpu). Rank r has 3 + r inputs per epoch. As in
+// the seed, DDP with a local Adam under ddp.join() gives the ground truth, and ZeRO under Join,
+// its joined ranks' gradients set by a GradientSetter, must match it. Both are checked against
+// an independent reference: a plain Adam stepping on the gradients join promises. The loop
+// never clears `.grad` (as the seed's), so at iteration t each rank still training reduces
+// G(t-1) + g_r(t), and G(t) = (k(t) G(t-1) + sum of the k(t) training ranks' g_r(t)) / n.
 // ------------------------------------------------------------------------------------------
 
 class GradientSetter : public fsdpp::Joinable {
@@ -1010,65 +1014,126 @@ class GradientSetter : public fsdpp::Joinable {
   int& iter_;
 };
 
-TEST_P(ZeroRedundancyOptimizer, ZeroJoinCpu) {
-  fsdpp::testing::RunOptions options;
-  options.deadline = std::chrono::seconds(90);
-  options.collective_timeout = std::chrono::milliseconds(20000);
-  run_ranks(GetParam(), [](RankContext& ctx) {
-    const int NUM_INPUTS = 3, NUM_EPOCHS = 2, n = ctx.world_size;
-    const double LR = 0.01;
-    auto num_inputs = [&](int r) { return NUM_INPUTS + r; };
-    std::vector<std::vector<torch::Tensor>> inputs(n);
+struct ZeroJoinData {
+  static constexpr int NUM_INPUTS = 3, NUM_EPOCHS = 2;
+  static constexpr double LR = 0.01;
+  int n;
+  std::vector<std::vector<torch::Tensor>> inputs;  // per rank
+  torch::Tensor labels;
+  std::vector<std::vector<torch::Tensor>> grads_at, params_at;  // the reference, per iteration
+
+  static int num_inputs(int r) { return NUM_INPUTS + r; }
+  int iterations(int r) const { return NUM_EPOCHS * num_inputs(r); }
+  const torch::Tensor& input(int r, int t) const { return inputs[r][t % num_inputs(r)]; }
+
+  explicit ZeroJoinData(int world_size) : n(world_size), inputs(world_size) {
     for (int r = 0; r < n; ++r) {
       torch::manual_seed(1000 + r);
       for (int i = 0; i < num_inputs(r); ++i) inputs[r].push_back(torch::randn({20, 2}));
     }
     torch::manual_seed(999);
-    torch::Tensor labels = torch::randn({20, 3});
-
-    // Ground truth: the last rank's iterations, with each rank's contribution while it trains.
-    const int total_iters = NUM_EPOCHS * num_inputs(n - 1);
+    labels = torch::randn({20, 3});
     auto ref_model = make_mlp({2, 3, 3, 3}, 0);
     torch::optim::Adam ref_optim(ref_model->parameters(), torch::optim::AdamOptions(LR));
-    std::vector<std::vector<torch::Tensor>> grads_at(total_iters), params_at(total_iters);
-    for (int t = 0; t < total_iters; ++t) {
+    std::vector<torch::Tensor> previous;  // G(t-1)
+    for (const auto& p : ref_model->parameters()) previous.push_back(torch::zeros_like(p));
+    for (int t = 0; t < iterations(n - 1); ++t) {
       std::vector<torch::Tensor> sum;
-      for (const auto& p : ref_model->parameters()) sum.push_back(torch::zeros_like(p));
+      for (const auto& p : previous) sum.push_back(torch::zeros_like(p));
       for (int r = 0; r < n; ++r) {
-        if (t >= NUM_EPOCHS * num_inputs(r)) continue;  // rank r has joined
+        if (t >= iterations(r)) continue;  // rank r has joined
         set_grads_to_none(ref_optim);
-        torch::mse_loss(ref_model->forward(inputs[r][t % num_inputs(r)]), labels).backward();
-        for (size_t i = 0; i < sum.size(); ++i) sum[i] += ref_model->parameters()[i].grad();
+        torch::mse_loss(ref_model->forward(input(r, t)), labels).backward();
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += previous[i] + ref_model->parameters()[i].grad();
       }
+      grads_at.emplace_back();
       for (size_t i = 0; i < sum.size(); ++i) {
         grads_at[t].push_back(sum[i] / n);
         ref_model->parameters()[i].mutable_grad() = grads_at[t][i].clone();
       }
+      previous = grads_at[t];
       ref_optim.step();
+      params_at.emplace_back();
       for (const auto& p : ref_model->parameters()) params_at[t].push_back(p.detach().clone());
     }
+  }
+};
 
+std::vector<torch::Tensor> grads_of(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params) out.push_back(p.grad());
+  return out;
+}
+
+fsdpp::testing::RunOptions zero_join_run_options() {
+  fsdpp::testing::RunOptions options;
+  options.deadline = std::chrono::seconds(90);
+  options.collective_timeout = std::chrono::milliseconds(20000);
+  return options;
+}
+
+TEST_P(ZeroRedundancyOptimizer, ZeroJoinCpu) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const ZeroJoinData data(ctx.world_size);
+    const int n = ctx.world_size, total_iters = data.iterations(n - 1);
+
+    // DDP with a local optimizer on uneven inputs (the seed's ground truth), against the reference.
+    auto model = make_mlp({2, 3, 3, 3}, 0);
+    fsdpp::DistributedDataParallel ddp_model(model);
+    torch::optim::Adam local_optim(model->parameters(), torch::optim::AdamOptions(ZeroJoinData::LR));
+    int t = 0;
+    ddp_model.join([&] {
+      for (; t < data.iterations(ctx.rank); ++t) {
+        torch::mse_loss(ddp_model.forward(data.input(ctx.rank, t)), data.labels).backward();
+        expect_same_params(grads_of(model->parameters()), data.grads_at[t], "DDP's gradients at iteration " + std::to_string(t));
+        local_optim.step();
+        expect_same_params(model->parameters(), data.params_at[t], "DDP's parameters at iteration " + std::to_string(t));
+      }
+    });
+    expect_same_params(model->parameters(), data.params_at.back(), "DDP's parameters after all ranks joined");
+
+    // ZeRO on uneven inputs with the gradients set by hand: a joined rank keeps setting them.
     auto zero_model = make_mlp({2, 3, 3, 3}, 0);
-    ZeRO<torch::optim::Adam> zero_optim(zero_model->parameters(), torch::optim::AdamOptions(LR));
+    ZeRO<torch::optim::Adam> zero_optim(zero_model->parameters(), torch::optim::AdamOptions(ZeroJoinData::LR));
     int iter = 0;
-    GradientSetter setter(zero_model->parameters(), grads_at, iter);
+    GradientSetter setter(zero_model->parameters(), data.grads_at, iter);
     fsdpp::Join join({&setter, &zero_optim});
     join.run([&] {
-      for (int epoch = 0; epoch < NUM_EPOCHS; ++epoch)
-        for (int i = 0; i < num_inputs(ctx.rank); ++i) {
-          fsdpp::Join::notify_join_context(setter);  // this rank has not joined
-          setter.set_grads();
-          zero_optim.step();
-          expect_same_params(zero_model->parameters(), params_at[iter],
-                             "Parameters differ between using ZeRO and local optimizer at iteration " + std::to_string(iter));
-          ++iter;
-        }
+      for (int i = 0; i < data.iterations(ctx.rank); ++i) {
+        fsdpp::Join::notify_join_context(setter);  // this rank has not joined
+        setter.set_grads();
+        zero_optim.step();
+        expect_same_params(zero_model->parameters(), data.params_at[iter],
+                           "Parameters differ between using ZeRO and local optimizer at iteration " + std::to_string(iter));
+        ++iter;
+      }
     });
-    EXPECT_EQ(setter.joined_iterations, total_iters - NUM_EPOCHS * num_inputs(ctx.rank));
+    EXPECT_EQ(setter.joined_iterations, total_iters - data.iterations(ctx.rank));
     EXPECT_EQ(iter, total_iters);
     EXPECT_EQ(setter.last_joiner, ctx.rank == n - 1 ? 1 : 0);
-    expect_same_params(zero_model->parameters(), params_at.back(), "final parameters after all ranks joined");
-  }, options);
+    expect_same_params(zero_model->parameters(), data.params_at.back(), "final parameters after all ranks joined");
+  }, zero_join_run_options());
+}
+
+// DDP and ZeRO in one Join, DDP first: a joined rank's DDP hook shadows the reductions and
+// writes their result to its `.grad`, so ZeRO's hook steps its partition with the averaged
+// gradients: no GradientSetter needed, and the same result as DDP with a local optimizer.
+TEST_P(ZeroRedundancyOptimizer, DdpAndZeroUnderOneJoin) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const ZeroJoinData data(ctx.world_size);
+    auto model = make_mlp({2, 3, 3, 3}, 0);
+    fsdpp::DistributedDataParallel ddp_model(model);
+    ZeRO<torch::optim::Adam> zero_optim(model->parameters(), torch::optim::AdamOptions(ZeroJoinData::LR));
+    fsdpp::Join({&ddp_model, &zero_optim}).run([&] {
+      for (int t = 0; t < data.iterations(ctx.rank); ++t) {
+        torch::mse_loss(ddp_model.forward(data.input(ctx.rank, t)), data.labels).backward();
+        zero_optim.step();
+        expect_same_params(model->parameters(), data.params_at[t], "parameters at iteration " + std::to_string(t));
+      }
+    });
+    expect_same_params(grads_of(model->parameters()), data.grads_at.back(), "gradients after all ranks joined");
+    expect_same_params(model->parameters(), data.params_at.back(), "parameters after all ranks joined");
+  }, zero_join_run_options());
 }
 
 // ZeRO alone in a Join context: its own step notifies, and a joined rank's hook steps without
