@@ -50,18 +50,18 @@ class DDPJoinHook;
 
 struct DistributedDataParallelOptions {
   // The group whose ranks replicate the model; empty means the default group.
-  DistributedDataParallelOptions& process_group(ProcessGroup v) { process_group_ = std::move(v); return *this; }
+  TORCH_ARG(ProcessGroup, process_group);
   // Bucket capacity in MiB (fractions allowed). A parameter larger than the cap gets a bucket of its own.
   // As in PyTorch, the first bucket (the last layers) is capped at min(1 MiB, this) so that
   // communication starts early in backward.
-  DistributedDataParallelOptions& bucket_cap_mb(double v) { bucket_cap_mb_ = v; return *this; }
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;
   // Broadcast rank 0's buffers at the start of every forward made through the DDP object.
-  DistributedDataParallelOptions& broadcast_buffers(bool v) { broadcast_buffers_ = v; return *this; }
+  TORCH_ARG(bool, broadcast_buffers) = true;
   // Allow parameters that get no gradient in a backward: they are reduced as zeros (and a
   // parameter no rank used keeps its `.grad` untouched). Costs one small all_reduce per step.
-  DistributedDataParallelOptions& find_unused_parameters(bool v) { find_unused_parameters_ = v; return *this; }
+  TORCH_ARG(bool, find_unused_parameters) = false;
   // Make each `.grad` a view into its bucket: no copy in or out, and no second copy of the gradients.
-  DistributedDataParallelOptions& gradient_as_bucket_view(bool v) { gradient_as_bucket_view_ = v; return *this; }
+  TORCH_ARG(bool, gradient_as_bucket_view) = false;
   // PyTorch's static_graph: the set of parameters that get gradients, and how many times each
   // parameter's gradient hook fires in a backward, stay the same for the whole training. The
   // first synchronized backward records them (its reductions all wait for the end of
@@ -69,14 +69,7 @@ struct DistributedDataParallelOptions {
   // than once for a layer checkpointed twice), unused parameters need no search and no
   // per-step all_reduce, and a backward that differs from the first is an error naming the
   // parameter.
-  DistributedDataParallelOptions& static_graph(bool v) { static_graph_ = v; return *this; }
-
-  ProcessGroup process_group_;
-  double bucket_cap_mb_ = 25.0;
-  bool broadcast_buffers_ = true;
-  bool find_unused_parameters_ = false;
-  bool gradient_as_bucket_view_ = false;
-  bool static_graph_ = false;
+  TORCH_ARG(bool, static_graph) = false;
 };
 
 // The arguments of PyTorch's `DistributedDataParallel.join(...)`.

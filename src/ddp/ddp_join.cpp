@@ -57,7 +57,7 @@ class DDPJoinHook : public JoinHook {
   // Shadows one iteration of the ranks still training (see the top of this file).
   void main_hook() override {
     const Agreement a = agree(false, false, ddp_.process_group(), ddp_.join_device());
-    if (ddp_.options().broadcast_buffers_) broadcast_coalesced(buffers_of(*ddp_.module_), a.highest_candidate, ddp_.process_group());
+    if (ddp_.options().broadcast_buffers()) broadcast_coalesced(buffers_of(*ddp_.module_), a.highest_candidate, ddp_.process_group());
     if (a.synchronize) ddp_.reducer_->run_joined_iteration();
   }
 
@@ -69,7 +69,7 @@ class DDPJoinHook : public JoinHook {
     const int root = agree(is_last_joiner, false, group, ddp_.join_device()).highest_candidate;
     if (root < 0) throw Error("DistributedDataParallel: Join's post hook found no last joiner in group " + group.name());
     std::vector<at::Tensor> state = tensors_of(unique_named(ddp_.module_->named_parameters(/*recurse=*/true)));
-    if (ddp_.options().broadcast_buffers_)
+    if (ddp_.options().broadcast_buffers())
       for (auto& b : buffers_of(*ddp_.module_)) state.push_back(b);
     broadcast_coalesced(state, root, group);
   }
@@ -86,14 +86,14 @@ void DDP::pre_forward_in_join() {
   const int64_t not_joined = Join::notify_join_context(*reducer.join_joinable());
   const bool will_sync = reducer.sync_enabled() && torch::GradMode::is_enabled();
   const detail::Agreement a = detail::agree(true, will_sync, process_group(), join_device());
-  if (options().broadcast_buffers_) detail::broadcast_coalesced(detail::buffers_of(*module_), a.highest_candidate, process_group());
+  if (options().broadcast_buffers()) detail::broadcast_coalesced(detail::buffers_of(*module_), a.highest_candidate, process_group());
   reducer.announce_forward(will_sync, not_joined);
 }
 
 std::unique_ptr<JoinHook> DDP::join_hook() { return join_hook_for(this, /*divide_by_initial_world_size=*/true); }
 
 std::unique_ptr<JoinHook> DDP::join_hook_for(Joinable* in_join, bool divide_by_initial_world_size) {
-  if (options().static_graph_ && !reducer_->graph_recorded())
+  if (options().static_graph() && !reducer_->graph_recorded())
     throw Error("DistributedDataParallel: static_graph under Join needs the graph recorded first: run one "
                 "synchronized iteration (forward and backward) on every rank before the Join (rank " +
                 std::to_string(process_group().global_rank(process_group().rank())) + " of group " +

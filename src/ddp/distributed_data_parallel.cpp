@@ -33,9 +33,9 @@ std::string describe(const NamedTensors& params, const NamedTensors& buffers, co
   for (const auto& p : params)
     out << "parameter '" << p.name << "'\t" << type_and_shape(p.tensor) << (p.tensor.requires_grad() ? "" : " (requires_grad false)") << "\n";
   for (const auto& b : buffers) out << "buffer '" << b.name << "'\t" << type_and_shape(b.tensor) << "\n";
-  out << "options\tbucket_cap_mb " << o.bucket_cap_mb_ << ", broadcast_buffers " << o.broadcast_buffers_
-      << ", find_unused_parameters " << o.find_unused_parameters_ << ", gradient_as_bucket_view "
-      << o.gradient_as_bucket_view_ << ", static_graph " << o.static_graph_ << "\n";
+  out << "options\tbucket_cap_mb " << o.bucket_cap_mb() << ", broadcast_buffers " << o.broadcast_buffers()
+      << ", find_unused_parameters " << o.find_unused_parameters() << ", gradient_as_bucket_view "
+      << o.gradient_as_bucket_view() << ", static_graph " << o.static_graph() << "\n";
   return out.str();
 }
 
@@ -111,12 +111,12 @@ using DDP = DistributedDataParallel<torch::nn::Module>;
 DDP::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, DistributedDataParallelOptions options)
     : module_(std::move(module)) {
   if (!module_) throw Error("DistributedDataParallel: the module is null");
-  ProcessGroup group = options.process_group_.defined() ? options.process_group_ : default_group();
+  ProcessGroup group = options.process_group().defined() ? options.process_group() : default_group();
   if (!group.is_member())
     throw Error("DistributedDataParallel: this process is not a member of group " + group.name());
-  if (!(options.bucket_cap_mb_ > 0))
-    throw Error("DistributedDataParallel: bucket_cap_mb must be positive, got " + std::to_string(options.bucket_cap_mb_));
-  options.process_group_ = group;
+  if (!(options.bucket_cap_mb() > 0))
+    throw Error("DistributedDataParallel: bucket_cap_mb must be positive, got " + std::to_string(options.bucket_cap_mb()));
+  options.process_group(group);
 
   NamedTensors params = unique_named(module_->named_parameters(/*recurse=*/true));
   NamedTensors buffers = unique_named(module_->named_buffers(/*recurse=*/true));
@@ -174,7 +174,7 @@ size_t DDP::num_buckets() const { return reducer_->num_buckets(); }
 
 void DDP::pre_forward() {
   if (reducer_->join_joinable()) return pre_forward_in_join();
-  if (options().broadcast_buffers_) sync_buffers();
+  if (options().broadcast_buffers()) sync_buffers();
 }
 
 }  // namespace fsdpp

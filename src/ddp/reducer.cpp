@@ -81,7 +81,7 @@ Reducer::~Reducer() {
 // gradients), one open bucket per dtype and device; a bucket closes when the next parameter
 // would take it past the cap.
 void Reducer::build_buckets() {
-  const double cap_bytes = options_.bucket_cap_mb_ * 1024.0 * 1024.0;
+  const double cap_bytes = options_.bucket_cap_mb() * 1024.0 * 1024.0;
   // As PyTorch, the first bucket (the last layers' gradients) holds at most 1 MiB, so its
   // all_reduce starts early in backward and overlaps the rest.
   const double first_cap_bytes = std::min(cap_bytes, 1024.0 * 1024.0);
@@ -140,7 +140,7 @@ void Reducer::build_buckets() {
     buckets_.push_back(std::move(bucket));
   }
 
-  if (options_.gradient_as_bucket_view_) {
+  if (options_.gradient_as_bucket_view()) {
     // Existing gradients move into the buckets now; new ones are placed there by the hooks.
     for (auto& p : params_) {
       at::Tensor& grad = p.tensor.mutable_grad();
@@ -197,7 +197,7 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
       out.register_hook([self](const at::Tensor&) {
         if (auto reducer = self.lock()) reducer->on_output_gradient();
       });
-  if (!options_.find_unused_parameters_ || options_.static_graph_) return;  // static_graph knows the unused ones
+  if (!options_.find_unused_parameters() || options_.static_graph()) return;  // static_graph knows the unused ones
   std::unordered_set<const torch::autograd::Node*> seen;
   std::vector<torch::autograd::Node*> stack;
   for (const at::Tensor& out : outputs) {
@@ -257,7 +257,7 @@ void Reducer::on_gradient(size_t index) {
   try {
     if (!in_backward_) begin_backward();
     ++hook_calls_[index];
-    if (options_.static_graph_) {
+    if (options_.static_graph()) {
       got_gradient_[index] = 1;
       if (static_graph_ready(index)) {
         mark_ready(index);
@@ -293,7 +293,7 @@ void Reducer::begin_backward() {
   torch::autograd::Engine::get_default_engine().queue_callback([self] {
     if (auto reducer = self.lock()) reducer->finalize_backward();
   });
-  if (options_.find_unused_parameters_ && have_reachability_) {
+  if (options_.find_unused_parameters() && have_reachability_) {
     // Parameters that cannot get a gradient in this backward: ready right away, so their
     // buckets need not wait for the end of backward.
     for (size_t k = 0; k < params_.size(); ++k)
@@ -342,7 +342,7 @@ void Reducer::mark_ready(size_t index) {
         at::mul_out(out, grad, at::scalar_tensor(1.0 / divisor, grad.options()));
       } else
         view.copy_(grad);
-      if (options_.gradient_as_bucket_view_) grad = view;
+      if (options_.gradient_as_bucket_view()) grad = view;
     }
   }
   ready_[index] = 1;
@@ -384,7 +384,7 @@ void Reducer::finish_bucket(Bucket& bucket) {
       Param& p = params_[k];
       const at::Tensor& view = bucket.grad_bucket.gradients_[p.slot];
       at::Tensor& grad = p.tensor.mutable_grad();
-      if (options_.gradient_as_bucket_view_) {
+      if (options_.gradient_as_bucket_view()) {
         if (!is_bucket_view(grad, view)) grad = view;
       } else if (grad.defined()) {
         grad.copy_(view);
@@ -408,8 +408,8 @@ void Reducer::finalize_backward() {
         missing.push_back(params_[k].name);
         missing_index.push_back(k);
       }
-    const bool recording = options_.static_graph_ && recorded_hook_calls_.empty();
-    if (options_.static_graph_ && !recording && !missing.empty()) {
+    const bool recording = options_.static_graph() && recorded_hook_calls_.empty();
+    if (options_.static_graph() && !recording && !missing.empty()) {
       std::string counts;
       for (size_t k : missing_index)
         counts += (counts.empty() ? "'" : ", '") + params_[k].name + "' " + std::to_string(hook_calls_[k]) + " of " +
@@ -419,7 +419,7 @@ void Reducer::finalize_backward() {
                   counts + "); static_graph needs the same graph in every iteration. Gradients were not averaged "
                   "in this backward.");
     }
-    if (!missing.empty() && !options_.find_unused_parameters_ && !options_.static_graph_) {
+    if (!missing.empty() && !options_.find_unused_parameters() && !options_.static_graph()) {
       std::ostringstream indices;
       for (size_t i = 0; i < missing_index.size(); ++i) indices << (i ? ", " : "") << missing_index[i];
       throw Error("DistributedDataParallel: backward finished on " + where() + " but " +
@@ -430,7 +430,7 @@ void Reducer::finalize_backward() {
                   "of the model contributes to the loss. Gradients were not averaged in this backward.");
     }
     for (size_t k : missing_index) mark_ready(k);
-    if ((options_.find_unused_parameters_ && !options_.static_graph_) || recording) reduce_used_map(used_since_sync_);
+    if ((options_.find_unused_parameters() && !options_.static_graph()) || recording) reduce_used_map(used_since_sync_);
     if (recording) record_static_graph();
     finish_buckets(/*wait=*/true);
     end_backward();

@@ -89,7 +89,7 @@ void Reducer::run_joined_iteration() {
     }
     std::fill(ready_.begin(), ready_.end(), 1);
     launch_ready_buckets();
-    if (options_.find_unused_parameters_ && !options_.static_graph_)
+    if (options_.find_unused_parameters() && !options_.static_graph())
       reduce_used_map(std::vector<char>(params_.size(), 0));
     finish_buckets(/*wait=*/true);
     end_backward();

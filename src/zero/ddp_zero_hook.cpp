@@ -43,7 +43,7 @@ void hook_with_zero_step(DistributedDataParallel<>& ddp, ZeroRedundancyOptimizer
 
 void hook_with_zero_step_interleaved(DistributedDataParallel<>& ddp, ZeroRedundancyOptimizerBase& zero,
                                      bool shard_buckets) {
-  if (ddp.options().find_unused_parameters_)
+  if (ddp.options().find_unused_parameters())
     throw Error("hook_with_zero_step_interleaved: not supported with find_unused_parameters (use hook_with_zero_step)");
   ProcessGroup side = prepare(ddp, zero, shard_buckets, "hook_with_zero_step_interleaved");
   ddp.register_comm_hook([&zero, side](GradBucket& bucket) {
