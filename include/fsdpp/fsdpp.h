@@ -13,6 +13,7 @@
 #include <fsdpp/join.h>
 #include <fsdpp/memory.h>
 #include <fsdpp/mixed_precision_policy.h>
+#include <fsdpp/model_layout.h>
 #include <fsdpp/optimizer_state_dict.h>
 #include <fsdpp/placement.h>
 #include <fsdpp/process_group.h>
