@@ -179,6 +179,28 @@ TEST_P(FullyShardIgnored, test_state_dict_with_ignored_modules) {
   });
 }
 
+// FAILING: library bug found porting the seed above (its summon_full_params follows the dict).
+// summon_full_params promises the parameters in their own dtype (float32 under a float16
+// policy, as FSDP1's); a unit already gathered for compute (here by unshard()) is left as it is,
+// so it gives the float16 compute copies instead (FullParamsGuard skips units that are
+// is_unsharded(), src/fsdp/fsdp_module.cpp). FSDP1 gathers the full-precision parameters then too.
+TEST(FullyShardSummonFullParamsMixedPrecision, GatheredUnitGivesFloat32) {
+  run_ranks(2, [](RankContext&) {
+    torch::manual_seed(0);
+    FSDPLinear unit(Linear(4, 4), FullyShardOptions().mp_policy(MixedPrecisionPolicy().param_dtype(at::kHalf)));
+    const auto expected = full_params(*unit);  // resharded: float32
+    unit->unshard();
+    ASSERT_EQ(unit->module()->weight.scalar_type(), at::kHalf) << "gathered in float16 for compute";
+    const auto summoned = full_params(*unit);
+    ASSERT_EQ(summoned.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_EQ(summoned[i].scalar_type(), at::kFloat) << "param " << i;
+      EXPECT_TRUE(at::equal(summoned[i].to(at::kFloat), expected[i])) << "param " << i;
+    }
+    unit->reshard();
+  });
+}
+
 // Seed 002's test_state_dict_save_load_flow with ignore_modules T/F and FULL / SHARDED: the
 // transformer (output tied to the token embedding, as TransformerWithSharedParams) wrapped by
 // block (ModuleWrapPolicy) with its position embedding and final norm ignored saves a dict equal
