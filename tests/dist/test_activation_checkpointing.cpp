@@ -333,17 +333,53 @@ TEST_P(ActivationCheckpointFSDP, WrappersInsideAndAroundUnits) {
       };
       expect_training_parity(*plain, loss_of(plain), *ac, loss_of(ac), batch,
                              std::string("nested, reshard_after_forward ") + (reshard_after_forward ? "T" : "F"));
-      // Seed 000: keys without wrapper segments, FULL and SHARDED, loadable both ways.
+      // Seed 000: keys without wrapper segments, FULL and SHARDED, loadable both ways: each
+      // trained model's dict loads into a fresh model of the other kind (other initial values,
+      // checked different first), which then holds the source's values, computes its output and
+      // trains on at parity with the other loaded model.
+      const auto source = full_params(*plain);
+      at::Tensor probe = torch::randn({4, 10});
+      auto output_of = [&](Sequential m) {
+        torch::NoGradGuard no_grad;
+        return m->forward(probe);
+      };
+      const at::Tensor source_out = output_of(plain), source_ac_out = output_of(ac);
       for (StateDictType type : {StateDictType::FULL_STATE_DICT, StateDictType::SHARDED_STATE_DICT}) {
+        const std::string what = std::string("nested, reshard_after_forward ") + (reshard_after_forward ? "T, " : "F, ") +
+                                 to_string(type);
         auto scope_plain = state_dict_type(*plain->ptr(0), type);
         auto scope_ac = state_dict_type(*ac->ptr(0), type);
         StateDict from_ac = state_dict(*ac), from_plain = state_dict(*plain);
-        EXPECT_EQ(from_ac.keys(), from_plain.keys()) << to_string(type);
+        EXPECT_EQ(from_ac.keys(), from_plain.keys()) << what;
         EXPECT_EQ(from_ac.keys(), (std::vector<std::string>{"0.0.weight", "0.0.bias", "0.1.weight", "0.1.bias"}));
-        load_state_dict(*plain, from_ac);
-        load_state_dict(*ac, from_plain);
+        torch::manual_seed(1);
+        Sequential plain_loaded = nested(false, o);
+        torch::manual_seed(1);
+        Sequential ac_loaded = nested(true, o);
+        for (auto* m : {&plain_loaded, &ac_loaded}) {
+          auto before = full_params(**m);
+          for (size_t i = 0; i < before.size(); ++i)
+            EXPECT_FALSE(at::equal(before[i], source[i])) << what << " param " << i << " equal before the load";
+        }
+        {
+          auto load_scope_plain = state_dict_type(*plain_loaded->ptr(0), type);
+          auto load_scope_ac = state_dict_type(*ac_loaded->ptr(0), type);
+          auto plain_result = load_state_dict(*plain_loaded, from_ac);
+          auto ac_result = load_state_dict(*ac_loaded, from_plain);
+          EXPECT_TRUE(plain_result.missing_keys.empty() && plain_result.unexpected_keys.empty()) << what;
+          EXPECT_TRUE(ac_result.missing_keys.empty() && ac_result.unexpected_keys.empty()) << what;
+        }
+        for (auto* m : {&plain_loaded, &ac_loaded}) {
+          auto after = full_params(**m);
+          ASSERT_EQ(after.size(), source.size()) << what;
+          for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(at::equal(after[i], source[i])) << what << " param " << i;
+        }
+        EXPECT_TRUE(at::equal(output_of(plain_loaded), source_ac_out)) << what << ": plain loaded from the AC model";
+        EXPECT_TRUE(at::equal(output_of(ac_loaded), source_out)) << what << ": AC model loaded from the plain one";
+        expect_training_parity(*plain_loaded, loss_of(plain_loaded), *ac_loaded, loss_of(ac_loaded), batch,
+                               what + ", the loaded models");
+        if (::testing::Test::HasFailure()) return;
       }
-      if (::testing::Test::HasFailure()) return;
     }
   });
 }

@@ -316,36 +316,79 @@ TEST(FullyShardShardingStrategyHybrid, HybridShardShardsWithinNodes) {
       run);
 }
 
-// Seed 002's test_full_state_dict_save_load_mixed_sharding: NO_SHARD units inside a sharded
-// root; the full state dict equals the plain model's and loads back.
+// Seed 002's test_full_state_dict_save_load_mixed_sharding, in its topology: a NO_SHARD root
+// (holding the LayerNorm and the last MLP) over FULL_SHARD units (the first two MLPs; the seed's
+// fully_shard(u1) under fully_shard(root, NO_SHARD)). Trained 3 SGD steps on each rank's slice of
+// a global batch, its FULL dict equals the plain model trained the same steps on the whole batch
+// (the independent reference); a model wrapped the same way with every parameter zeroed loads it,
+// then holds those values and computes the reference's output.
 TEST_P(FullyShardShardingStrategy, FullStateDictSaveLoadMixedSharding) {
   run_ranks(GetParam(), [](RankContext& ctx) {
-    const int64_t dim = 7;
-    Sequential plain = make_plain(dim);
+    const int n = ctx.world_size, rank = ctx.rank;
+    const int64_t dim = 7, local = kGlobalBatch / n;
     auto build = [&] {
       Sequential p = make_plain(dim);
       Sequential seq;
       seq->push_back(p->ptr<torch::nn::LayerNormImpl>(0));
-      for (size_t i = 1; i < p->size(); ++i) {
-        auto strategy = i == 2 ? ShardingStrategy::FULL_SHARD : ShardingStrategy::NO_SHARD;
-        seq->push_back(fully_shard(p->ptr<MLPImpl>(i), FullyShardOptions().sharding_strategy(strategy)));
-      }
-      return FSDPSequential(seq);
+      seq->push_back(fully_shard(p->ptr<MLPImpl>(1), FullyShardOptions()));
+      seq->push_back(fully_shard(p->ptr<MLPImpl>(2), FullyShardOptions()));
+      seq->push_back(p->ptr<MLPImpl>(3));
+      return FSDPSequential(seq, FullyShardOptions().sharding_strategy(ShardingStrategy::NO_SHARD));
     };
+    auto global_batch = [&](int step) {
+      torch::manual_seed(11 + step);
+      return torch::randn({kGlobalBatch, dim});
+    };
+    Sequential ref = make_plain(dim);
     FSDPSequential model = build();
-    torch::optim::SGD opt(model->parameters(), 0.1);
-    torch::manual_seed(11);
-    model->forward(torch::randn({4, dim})).pow(2).sum().backward();
-    opt.step();
+    {  // The seed's topology: the children's parameters are shards, the root's whole.
+      auto ref_named = ref->named_parameters();
+      auto named = model->named_parameters();
+      ASSERT_EQ(named.size(), ref_named.size());
+      for (size_t i = 0; i < named.size(); ++i) {
+        const std::string key = ref_named[i].key();
+        const bool child = key.rfind("1.", 0) == 0 || key.rfind("2.", 0) == 0;
+        EXPECT_EQ(named[i].value().sizes(), child ? shard_rows(ref_named[i].value(), rank, n).sizes()
+                                                  : ref_named[i].value().sizes())
+            << key << (child ? " is not a shard" : " is not whole");
+      }
+    }
+    torch::optim::SGD ref_opt(ref->parameters(), 0.1), opt(model->parameters(), 0.1);
+    for (int step = 0; step < 3; ++step) {
+      ref_opt.zero_grad();
+      opt.zero_grad();
+      at::Tensor x = global_batch(step);
+      ref->forward(x).pow(2).mean().backward();
+      model->forward(x.narrow(0, rank * local, local)).pow(2).mean().backward();
+      ref_opt.step();
+      opt.step();
+    }
     StateDict full = get_model_state_dict(*model, StateDictOptions().full_state_dict(true));
-    auto trained = full_params(*model);
-    size_t i = 0;
-    for (const auto& p : plain->named_parameters()) EXPECT_TRUE(at::equal(full.at(p.key()).tensor(), trained[i++])) << p.key();
-    set_model_state_dict(*plain, full);
+    StateDict expected = get_model_state_dict(*ref);
+    ASSERT_EQ(full.keys(), expected.keys());
+    for (const auto& key : expected.keys()) {
+      ASSERT_TRUE(full.at(key).is_tensor()) << key;
+      expect_close(full.at(key).tensor(), expected.at(key).tensor(), "FULL " + key + " against the plain model");
+    }
+
     FSDPSequential fresh = build();
-    set_model_state_dict(*fresh, get_model_state_dict(*plain));
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : fresh->parameters()) p.zero_();
+    }
+    for (const auto& p : full_params(*fresh)) ASSERT_EQ(p.count_nonzero().item<int64_t>(), 0) << "zeroed before the load";
+    auto result = set_model_state_dict(*fresh, full, StateDictOptions().full_state_dict(true));
+    EXPECT_TRUE(result.missing_keys.empty() && result.unexpected_keys.empty());
     auto loaded = full_params(*fresh);
-    for (size_t k = 0; k < trained.size(); ++k) EXPECT_TRUE(at::equal(loaded[k], trained[k])) << k;
+    const auto keys = expected.keys();
+    ASSERT_EQ(loaded.size(), keys.size());
+    for (size_t k = 0; k < keys.size(); ++k)
+      EXPECT_TRUE(at::equal(loaded[k], full.at(keys[k]).tensor())) << "loaded " << keys[k];
+    at::Tensor x = global_batch(100);
+    torch::NoGradGuard no_grad;
+    const at::Tensor want = ref->forward(x).narrow(0, rank * local, local);
+    expect_close(fresh->forward(x.narrow(0, rank * local, local)), want, "the loaded model's output");
+    expect_close(model->forward(x.narrow(0, rank * local, local)), want, "the trained model's output");
   });
 }
 

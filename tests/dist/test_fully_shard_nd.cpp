@@ -77,10 +77,13 @@ void check_2d_mlp_with_nd_mesh(const DeviceMesh& mesh, const Case2D& c) {
   expect_2d_parameters(*model, dp_mesh, tp_mesh, describe(c));
 }
 
-// test_2d_mlp_with_nd_mesh at world size 4, the seed's mesh there: (pp, dp, tp) = 1 x 2 x 2.
 // The seed sweeps reshard_after_forward F/T x activation checkpointing F/T x mlp_dim 3 / 16 / 17
-// (12 runs, ~7 s here, the same as FullyShard2DTraining.TrainParity2DMlp on the 2 x 2 mesh);
-// this runs 6 of them, covering every pair of values of any two of the three parameters.
+// (12 runs, ~7 s here on the 1 x 2 x 2 mesh, the same as FullyShard2DTraining.TrainParity2DMlp on
+// the 2 x 2 mesh); these 6 of them cover every pair of values of any two of the three parameters.
+const std::vector<Case2D> kPairwiseCases{Case2D{false, false, 3}, Case2D{true, true, 3},   Case2D{false, true, 16},
+                                         Case2D{true, false, 16}, Case2D{false, true, 17}, Case2D{true, false, 17}};
+
+// test_2d_mlp_with_nd_mesh at world size 4, the seed's mesh there: (pp, dp, tp) = 1 x 2 x 2.
 TEST(FullyShardNDTraining, TwoDMlpWithNdMesh) {
   run_ranks(4, [](RankContext& ctx) {
     const DeviceMesh mesh = init_device_mesh(ctx.world, {1, 2, 2}, {"pp", "dp", "tp"});
@@ -92,27 +95,44 @@ TEST(FullyShardNDTraining, TwoDMlpWithNdMesh) {
     expect_sub_mesh(mesh, "dp", {r % 2, r % 2 + 2}, r);
     expect_sub_mesh(mesh, "tp", {r / 2 * 2, r / 2 * 2 + 1}, r);
     if (::testing::Test::HasFailure()) return;
-    for (const Case2D& c : {Case2D{false, false, 3}, Case2D{true, true, 3}, Case2D{false, true, 16},
-                            Case2D{true, false, 16}, Case2D{false, true, 17}, Case2D{true, false, 17}}) {
+    for (const Case2D& c : kPairwiseCases) {
       check_2d_mlp_with_nd_mesh(mesh, c);
       if (::testing::Test::HasFailure()) return;
     }
   });
 }
 
-// The seed's pp dimension at size 2 (its mesh at 8 GPUs is 2 x 2 x 2), at world size 4:
-// (pp, dp, tp) = 2 x 1 x 2. Each pp slice ({0, 1} and {2, 3}) trains its own 2-D model, its
+// The seed's pp dimension at size 2 with FSDP sharding over 2 ranks, at world size 4:
+// (pp, dp, tp) = 2 x 2 x 1. Each pp slice ({0, 1} and {2, 3}) trains its own 2-D model, its
 // collectives confined to its own dp and tp groups.
-TEST(FullyShardNDTraining, TwoDMlpWithNdMesh2x1x2) {
+TEST(FullyShardNDTraining, TwoDMlpWithNdMesh2x2x1) {
   run_ranks(4, [](RankContext& ctx) {
-    const DeviceMesh mesh = init_device_mesh(ctx.world, {2, 1, 2}, {"pp", "dp", "tp"});
+    const DeviceMesh mesh = init_device_mesh(ctx.world, {2, 2, 1}, {"pp", "dp", "tp"});
     const int r = ctx.rank;
-    EXPECT_EQ(mesh.get_coordinate(), (std::vector<int>{r / 2, 0, r % 2}));
+    EXPECT_EQ(mesh.get_coordinate(), (std::vector<int>{r / 2, r % 2, 0}));
     expect_sub_mesh(mesh, "pp", {r % 2, r % 2 + 2}, r);
-    expect_sub_mesh(mesh, "dp", {r}, r);
-    expect_sub_mesh(mesh, "tp", {r / 2 * 2, r / 2 * 2 + 1}, r);
+    expect_sub_mesh(mesh, "dp", {r / 2 * 2, r / 2 * 2 + 1}, r);
+    expect_sub_mesh(mesh, "tp", {r}, r);
     if (::testing::Test::HasFailure()) return;
     check_2d_mlp_with_nd_mesh(mesh, {true, false, 17});
+  });
+}
+
+// The seed's mesh at 8 GPUs, (pp, dp, tp) = 2 x 2 x 2: FSDP over 2 ranks and TP over 2 in each
+// pp slice ({0..3} and {4..7}).
+TEST(FullyShardNDTraining, TwoDMlpWithNdMesh2x2x2) {
+  run_ranks(8, [](RankContext& ctx) {
+    const DeviceMesh mesh = init_device_mesh(ctx.world, {2, 2, 2}, {"pp", "dp", "tp"});
+    const int r = ctx.rank;
+    EXPECT_EQ(mesh.get_coordinate(), (std::vector<int>{r / 4, r / 2 % 2, r % 2}));
+    expect_sub_mesh(mesh, "pp", {r % 4, r % 4 + 4}, r);
+    expect_sub_mesh(mesh, "dp", {r / 4 * 4 + r % 2, r / 4 * 4 + r % 2 + 2}, r);
+    expect_sub_mesh(mesh, "tp", {r / 2 * 2, r / 2 * 2 + 1}, r);
+    if (::testing::Test::HasFailure()) return;
+    for (const Case2D& c : kPairwiseCases) {
+      check_2d_mlp_with_nd_mesh(mesh, c);
+      if (::testing::Test::HasFailure()) return;
+    }
   });
 }
 

@@ -4,6 +4,7 @@
 // CPU-only machines the compute device is the CPU too, so the copies to and from it are the
 // identity: what is tested is the semantics and the placement, not a transfer to a GPU.
 #include <fsdpp/error.h>
+#include <fsdpp/memory.h>
 #include <fsdpp/state_dict.h>
 #include <fsdpp/wrap_policy.h>
 
@@ -140,6 +141,167 @@ TEST_P(FullyShardCPUOffload, StateDicts) {
         EXPECT_TRUE(at::equal(loaded[i], trained[i])) << to_string(type) << " param " << i;
       for (const auto& p : fresh->parameters()) EXPECT_TRUE(p.device().is_cpu());
     }
+  });
+}
+
+// What CPU offload promises that a CPU compute device can still show (the parity tests above
+// cannot fail on CPU ranks: an offload that does nothing passes them). A Linear that records the
+// storage of the weight it computes with (the gathered parameter, swapped in by its unit).
+struct RecordingLinearImpl : torch::nn::LinearImpl {
+  using LinearImpl::LinearImpl;
+  at::Tensor forward(const at::Tensor& x) {
+    computed_with.push_back(weight.storage().data_ptr().get());
+    return LinearImpl::forward(x);
+  }
+  std::vector<const void*> computed_with;
+};
+TORCH_MODULE(RecordingLinear);
+using FSDPRecordingLinear = FullyShardedDataParallel<RecordingLinearImpl>;
+
+// make_multi_group's shapes with recording Linears: two inner units and the root's Linear.
+struct OffloadedModel {
+  OffloadedModel(const FullyShardOptions& options, bool wrap) {
+    torch::manual_seed(42);
+    l1 = RecordingLinear(7, 15);
+    l2 = RecordingLinear(15, 15);
+    Linear l3(15, 3);
+    model = wrap ? Sequential(FSDPRecordingLinear(l1, options), ReLU(), FSDPRecordingLinear(l2, options), ReLU(), l3)
+                 : Sequential(l1, ReLU(), l2, ReLU(), l3);
+    if (wrap) root = FSDPSequential(model, options);
+  }
+  at::Tensor forward(const at::Tensor& x) { return root ? root->forward(x) : model->forward(x); }
+  torch::nn::Module& module() { return root ? static_cast<torch::nn::Module&>(*root) : *model; }
+  RecordingLinear l1{nullptr}, l2{nullptr};
+  Sequential model{nullptr};
+  FSDPSequential root{nullptr};
+};
+
+const void* storage_of(const at::Tensor& t) { return t.storage().data_ptr().get(); }
+
+std::vector<std::pair<CPUOffloadPolicy, std::string>> offload_policies() {
+  return {{CPUOffloadPolicy(), "pin_memory T"}, {CPUOffloadPolicy().pin_memory(false), "pin_memory F"}};
+}
+
+// The units' Linears compute with gathered parameters whose storage is not the host shards'
+// (the optimizer's tensors), and the host shards stay where they were across steps (the
+// optimizer steps them in place); pin_memory T or F, nothing is pinned on a CPU compute device
+// (offload_policy.h: pinning only applies when the compute device is not the CPU).
+TEST_P(FullyShardCPUOffload, GatheredParametersAreNotTheHostShards) {
+  run_ranks(GetParam(), [](RankContext&) {
+    for (const auto& [policy, name] : offload_policies()) {
+      OffloadedModel m(FullyShardOptions().offload_policy(policy), true);
+      auto params = m.module().parameters();
+      std::vector<const void*> host;
+      for (const auto& p : params) {
+        host.push_back(storage_of(p));
+        EXPECT_TRUE(p.device().is_cpu()) << name;
+        EXPECT_FALSE(p.is_pinned()) << name << ": nothing to pin for on a CPU compute device";
+      }
+      torch::optim::SGD opt(params, 0.1);
+      for (int step = 0; step < 2; ++step) {
+        opt.zero_grad();
+        torch::manual_seed(step);
+        m.forward(torch::randn({4, 7})).pow(2).sum().backward();
+        opt.step();
+      }
+      ASSERT_EQ(m.l1->computed_with.size(), 2u) << name;
+      ASSERT_EQ(m.l2->computed_with.size(), 2u) << name;
+      for (const auto* lin : {m.l1.get(), m.l2.get()})
+        for (const void* gathered : lin->computed_with)
+          for (size_t i = 0; i < host.size(); ++i)
+            EXPECT_NE(gathered, host[i]) << name << ": a unit computed with host shard storage (param " << i << ")";
+      params = m.module().parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        EXPECT_EQ(storage_of(params[i]), host[i]) << name << " param " << i << ": the host shard moved";
+        ASSERT_TRUE(params[i].grad().defined()) << name;
+        EXPECT_FALSE(params[i].grad().is_pinned()) << name;
+        for (size_t j = 0; j < host.size(); ++j)
+          EXPECT_NE(storage_of(params[i].grad()), host[j]) << name << " grad " << i << " shares param " << j << "'s storage";
+      }
+    }
+  });
+}
+
+// Each all-gather reads the host shards anew: a change made to them between steps (as a user's
+// in-place edit or a CPU optimizer's step) is what the next forward computes with, the same
+// change made to the plain model giving the same output.
+TEST_P(FullyShardCPUOffload, AllGatherReadsTheHostShards) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size, rank = ctx.rank;
+    const int64_t local = kGlobalBatch / n;
+    for (const auto& [policy, name] : offload_policies()) {
+      OffloadedModel m(FullyShardOptions().offload_policy(policy), true), ref(FullyShardOptions(), false);
+      for (int edit = 0; edit < 3; ++edit) {
+        const std::string where = name + " edit " + std::to_string(edit);
+        torch::manual_seed(7 + edit);
+        at::Tensor x = torch::randn({kGlobalBatch, 7});
+        {
+          torch::NoGradGuard no_grad;
+          expect_close(m.forward(x.narrow(0, rank * local, local)), ref.forward(x).narrow(0, rank * local, local), where);
+          for (auto* model : {&m, &ref})
+            for (auto& p : model->module().parameters()) p.mul_(-0.5).add_(0.25);
+        }
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+  });
+}
+
+// The reduced gradient lands in the host shard's `.grad`: shard-shaped on the host, the plain
+// model's gradient rows; a second backward without zeroing accumulates into that same tensor.
+TEST_P(FullyShardCPUOffload, GradientsLandInTheHostShardsGrad) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    const int n = ctx.world_size, rank = ctx.rank;
+    const int64_t local = kGlobalBatch / n;
+    for (const auto& [policy, name] : offload_policies()) {
+      OffloadedModel m(FullyShardOptions().offload_policy(policy), true), ref(FullyShardOptions(), false);
+      torch::manual_seed(3);
+      at::Tensor x = torch::randn({kGlobalBatch, 7});
+      auto params = m.module().parameters(), ref_params = ref.module().parameters();
+      m.forward(x.narrow(0, rank * local, local)).pow(2).mean().backward();
+      ref.forward(x).pow(2).mean().backward();
+      std::vector<at::Tensor> first;
+      std::vector<const void*> grad_storage;
+      for (size_t i = 0; i < params.size(); ++i) {
+        const at::Tensor& g = params[i].grad();
+        ASSERT_TRUE(g.defined()) << name << " grad " << i;
+        EXPECT_TRUE(g.device().is_cpu()) << name;
+        expect_close(g, shard_rows(ref_params[i].grad(), rank, n), name + " grad " + std::to_string(i));
+        first.push_back(g.clone());
+        grad_storage.push_back(storage_of(g));
+      }
+      m.forward(x.narrow(0, rank * local, local)).pow(2).mean().backward();
+      for (size_t i = 0; i < params.size(); ++i) {
+        EXPECT_EQ(storage_of(params[i].grad()), grad_storage[i]) << name << " grad " << i << ": replaced, not accumulated into";
+        EXPECT_TRUE(at::equal(params[i].grad(), first[i] * 2)) << name << " grad " << i;
+      }
+    }
+  });
+}
+
+// On a CPU compute device the copies to and from it are the identity (offload_policy.h): a step
+// with CPU offload allocates exactly what the same step without it allocates (an offload that
+// copied each all-gather input or reduce-scatter output would allocate more).
+TEST_P(FullyShardCPUOffload, NoCopiesOnACpuComputeDevice) {
+  run_ranks(GetParam(), [](RankContext&) {
+    auto allocations_per_step = [](const FullyShardOptions& options) {
+      OffloadedModel m(options, true);
+      torch::optim::SGD opt(m.module().parameters(), 0.1);
+      std::vector<int64_t> counts;
+      for (int step = 0; step < 3; ++step) {
+        torch::manual_seed(step);
+        at::Tensor x = torch::randn({4, 7});
+        const int64_t before = memory_stats().num_allocations;
+        opt.zero_grad();
+        m.forward(x).pow(2).sum().backward();
+        opt.step();
+        counts.push_back(memory_stats().num_allocations - before);
+      }
+      return counts;
+    };
+    const auto without = allocations_per_step(FullyShardOptions());
+    for (const auto& [policy, name] : offload_policies())
+      EXPECT_EQ(allocations_per_step(FullyShardOptions().offload_policy(policy)), without) << name;
   });
 }
 
