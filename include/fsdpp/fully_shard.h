@@ -297,7 +297,9 @@ class [[nodiscard]] FullParamsGuard {
 
  private:
   bool writeback_;
-  std::vector<std::shared_ptr<detail::FSDPState>> states_;  // the units this guard unsharded
+  std::vector<std::shared_ptr<detail::FSDPState>> states_;        // the units this guard unsharded
+  std::vector<std::shared_ptr<detail::FSDPState>> already_full_;  // unsharded before, full precision
+  std::vector<std::shared_ptr<detail::FSDPState>> regather_;      // unsharded before, lower precision
 };
 
 FullParamsGuard summon_full_params(torch::nn::Module& module, bool writeback = true);

@@ -223,9 +223,21 @@ FullParamsGuard::FullParamsGuard(torch::nn::Module& module, bool writeback) : wr
   for (const auto& m : module.modules())
     if (auto* f = dynamic_cast<FSDPModule*>(m.get())) {
       auto* g = f->state_->param_group();
-      if (!g || g->is_unsharded()) continue;  // already full: leave it as it is
+      if (!g) continue;
+      // Already full in the parameters' own dtype: used as it is (edits written back on exit).
+      if (g->is_unsharded() && !g->unsharded_below_full_precision()) {
+        already_full_.push_back(f->state_);
+        continue;
+      }
       if (f->state_->in_forward_or_backward())
         throw Error("summon_full_params: FSDP unit " + f->state_->name() + " is in forward or backward");
+      // Gathered for compute in a lower precision (a mixed-precision policy's param_dtype): the
+      // summoned parameters are the full-precision ones, as FSDP1's; the compute copy is
+      // gathered again when the guard ends.
+      if (g->is_unsharded()) {
+        g->reshard();
+        regather_.push_back(f->state_);
+      }
       states_.push_back(f->state_);
     }
   // All gathers in flight, then wait; in the parameters' own dtype, as FSDP1 summons them.
@@ -238,6 +250,12 @@ FullParamsGuard::~FullParamsGuard() {
     auto* g = s->param_group();
     if (writeback_) g->write_back_unsharded();
     g->reshard();
+  }
+  for (auto& s : already_full_)
+    if (writeback_) s->param_group()->write_back_unsharded();
+  for (auto& s : regather_) {
+    s->param_group()->unshard();
+    s->param_group()->wait_for_unshard();
   }
 }
 

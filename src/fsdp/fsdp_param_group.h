@@ -62,6 +62,11 @@ class FSDPParamGroup {
   // Waits for the all-gather and makes the parameters views into the unsharded buffer.
   void wait_for_unshard();
   bool is_unsharded() const { return unsharded_; }
+  // Unsharded for compute in a dtype other than the parameters' own (mixed precision), not by
+  // summon_full_params's full-precision gather.
+  bool unsharded_below_full_precision() const {
+    return unsharded_ && !full_precision_flat_.defined() && unsharded_flat_.scalar_type() != sharded_flat_.scalar_type();
+  }
   // Parameters back to shards; frees the unsharded memory (and any post-forward shard).
   void reshard();
   // Copies this rank's rows of the unsharded parameters into the shards (summon_full_params

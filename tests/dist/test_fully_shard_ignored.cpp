@@ -179,11 +179,11 @@ TEST_P(FullyShardIgnored, test_state_dict_with_ignored_modules) {
   });
 }
 
-// FAILING: library bug found porting the seed above (its summon_full_params follows the dict).
-// summon_full_params promises the parameters in their own dtype (float32 under a float16
-// policy, as FSDP1's); a unit already gathered for compute (here by unshard()) is left as it is,
-// so it gives the float16 compute copies instead (FullParamsGuard skips units that are
-// is_unsharded(), src/fsdp/fsdp_module.cpp). FSDP1 gathers the full-precision parameters then too.
+// Found porting the seed above (its summon_full_params follows the dict): summon_full_params
+// promises the parameters in their own dtype (float32 under a float16 policy, as FSDP1's), also
+// for a unit already gathered for compute (here by unshard()), which it used to leave as it was
+// (float16 compute copies). The unit is gathered for compute again afterwards, and an edit made
+// under the guard reaches the shards.
 TEST(FullyShardSummonFullParamsMixedPrecision, GatheredUnitGivesFloat32) {
   run_ranks(2, [](RankContext&) {
     torch::manual_seed(0);
@@ -197,6 +197,15 @@ TEST(FullyShardSummonFullParamsMixedPrecision, GatheredUnitGivesFloat32) {
       EXPECT_EQ(summoned[i].scalar_type(), at::kFloat) << "param " << i;
       EXPECT_TRUE(at::equal(summoned[i].to(at::kFloat), expected[i])) << "param " << i;
     }
+    EXPECT_EQ(unit->module()->weight.scalar_type(), at::kHalf) << "gathered for compute again after the guard";
+    EXPECT_EQ(unit->module()->weight.sizes(), (std::vector<int64_t>{4, 4})) << "unsharded after the guard";
+    {
+      auto full = summon_full_params(*unit);
+      unit->module()->weight.detach().fill_(0.25);  // float32, written back to the shards
+    }
+    unit->reshard();
+    const auto edited = full_params(*unit);
+    EXPECT_TRUE(at::equal(edited[0], at::full({4, 4}, 0.25))) << "the edit reached the shards";
     unit->reshard();
   });
 }
