@@ -156,9 +156,9 @@ TEST_P(FullyShardIgnored, test_state_dict_with_ignored_modules) {
               EXPECT_NE(again.at(key).tensor().data_ptr(), value.tensor().data_ptr()) << where << " " << key;
             }
           }
-          // Resharded first: summon_full_params leaves a gathered unit as it is (float16 here).
-          model->inner_unit->reshard();
+          // Summoned while the inner unit is still gathered in float16: float32 values all the same.
           std::vector<at::Tensor> fsdp_params = full_params(*fsdp);
+          model->inner_unit->reshard();
           // A plain model, zeroed, loads it strictly (seed: the non-wrapped model).
           StateDict full = gathered(sd);
           torch::manual_seed(5);
