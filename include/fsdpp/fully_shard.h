@@ -107,6 +107,9 @@ class FSDPModule : public torch::nn::Module {
   void set_modules_to_backward_prefetch(const std::vector<std::shared_ptr<FSDPModule>>& modules);
   // Changes reshard_after_forward of this unit (and of the inner units with recurse).
   void set_reshard_after_forward(bool value, bool recurse = true);
+  // Only a bool, as PyTorch's (an int here would silently mean true).
+  template <typename T>
+  void set_reshard_after_forward(T value, bool recurse = true) = delete;
   // Off: the end of the next backward does not wait for the gradient reduce-scatters (more
   // microbatches follow); `.grad` is complete after a backward with it on (the default).
   // Set on the root; it applies to the whole tree.

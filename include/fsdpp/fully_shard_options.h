@@ -53,15 +53,19 @@ struct MixedPrecisionPolicy {
 // is copied back to the host. The unsharded parameters, activations and gradients during
 // backward stay on the compute device.
 struct OffloadPolicy {
-  TORCH_ARG(bool, offload_to_cpu) = false;
+  // Set by CPUOffloadPolicy only (one way to ask for offload, with its pin_memory default).
+  bool offload_to_cpu() const { return offload_to_cpu_; }
   // Page-locked host memory, for asynchronous copies to an accelerator. Only applies when the
   // compute device is not the CPU (a CPU-only libtorch cannot pin memory, and nothing is copied).
   TORCH_ARG(bool, pin_memory) = false;
+
+ protected:
+  bool offload_to_cpu_ = false;
 };
 
 struct CPUOffloadPolicy : OffloadPolicy {
   CPUOffloadPolicy() {
-    offload_to_cpu(true);
+    offload_to_cpu_ = true;
     pin_memory(true);
   }
 };
@@ -74,23 +78,23 @@ struct CPUOffloadPolicy : OffloadPolicy {
 // other type is refused at compile time: 2 means two ways, never `true`.
 class ReshardPolicy {
  public:
-  ReshardPolicy(bool reshard = true) : ways_(reshard ? kFully : 1) {}  // NOLINT: implicit, as FSDP2's bool
-  ReshardPolicy(int k) : ways_(k) {}                                   // NOLINT: implicit, as FSDP2's int
+  ReshardPolicy(bool reshard = true) : fully_(reshard), ways_(reshard ? 0 : 1) {}  // NOLINT: implicit, as FSDP2's bool
+  ReshardPolicy(int k) : ways_(k) {}                                                // NOLINT: implicit, as FSDP2's int
   template <typename T>
   ReshardPolicy(T) = delete;
 
   // Whether the unsharded parameters are freed after forward.
-  bool reshards() const { return ways_ != 1; }
+  bool reshards() const { return fully_ || ways_ != 1; }
   // k of the copy kept after forward; 0 when none is kept (true, false, or k = group size).
-  int post_forward_size(int group_size) const { return ways_ > 1 && ways_ < group_size ? ways_ : 0; }
+  int post_forward_size(int group_size) const { return !fully_ && ways_ > 1 && ways_ < group_size ? ways_ : 0; }
   // Throws naming `unit` and the group unless this is a bool or a positive divisor of group_size.
   void check(int group_size, const std::string& unit, const std::string& group) const;
   // "true", "false" or k.
   std::string to_string() const;
 
  private:
-  static constexpr int kFully = -1;
-  int ways_;
+  bool fully_ = false;  // true
+  int ways_;           // k when not fully_ (false is 1)
 };
 
 // FSDP1's BackwardPrefetch: when a unit starts the all-gather of the unit whose backward runs

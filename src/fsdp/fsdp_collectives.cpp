@@ -32,7 +32,8 @@ UnitAllGather::~UnitAllGather() {
 }
 
 void UnitAllGather::start(const at::Tensor& input, const ProcessGroup& group, std::shared_ptr<const GatherLayout> layout,
-                          const at::Tensor& target, bool in_place) {
+                          const at::Tensor& target) {
+  const bool in_place = in_place_ && layout->blocks_per_member == 1;
   testing_delay(testing_delays().before_all_gather_ms);
   // Not in place: rank-major, placed at the wait. The unit computing meanwhile has resharded by
   // then, so that output and the parameters never coexist with it (placed on the comm thread,

@@ -28,7 +28,7 @@ bool gathers_in_place(const ProcessGroup& group);
 // The k-rank post-forward group of reshard_after_forward = k: consecutive ranks of `group`.
 ProcessGroup post_forward_group(const ProcessGroup& group, int k);
 
-// A unit's all-gather while in flight.
+// A unit's all-gathers: the path they take, and the one in flight.
 class UnitAllGather {
  public:
   UnitAllGather() = default;
@@ -36,18 +36,24 @@ class UnitAllGather {
   UnitAllGather& operator=(const UnitAllGather&) = delete;
   ~UnitAllGather();
 
+  // Chooses the path of the gathers of sharded flats over the unit's `group`
+  // (gathers_in_place); called once its first collective settled the group's transport.
+  void choose_path(const ProcessGroup& group) { in_place_ = gathers_in_place(group); }
   // Starts gathering `input` over `group` into `target` (layout.ranks blocks), whose memory is
   // allocated on the comm thread when the exchange starts, so that a prefetch queued behind a
-  // reduce-scatter does not coexist with that reduce-scatter's input. In place: each rank's
-  // chunks go straight to their places; otherwise into a rank-major output placed by finish().
+  // reduce-scatter does not coexist with that reduce-scatter's input. In place (the path chosen,
+  // for a gather of one sharded flat per rank): each rank's chunks go straight to their places;
+  // otherwise (a k-way post-forward shard: several flats per member) into a rank-major output
+  // placed by finish().
   void start(const at::Tensor& input, const ProcessGroup& group, std::shared_ptr<const GatherLayout> layout,
-             const at::Tensor& target, bool in_place);
+             const at::Tensor& target);
   bool in_flight() const { return in_flight_; }
   // Waits and, with `keep`, places a rank-major output into the target. Without `keep`, or if
   // the gather failed (rethrown), frees the target's memory.
   void finish(bool keep);
 
  private:
+  bool in_place_ = false;
   Work work_;
   bool in_flight_ = false;
   at::Tensor target_;

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <exception>
 #include <optional>
 #include <unordered_set>
 
@@ -220,42 +221,56 @@ void FSDPModule::set_is_last_backward(bool value) {
 // summon_full_params
 
 FullParamsGuard::FullParamsGuard(torch::nn::Module& module, bool writeback) : writeback_(writeback) {
+  std::vector<std::shared_ptr<detail::FSDPState>> units;
   for (const auto& m : module.modules())
-    if (auto* f = dynamic_cast<FSDPModule*>(m.get())) {
-      auto* g = f->state_->param_group();
-      if (!g) continue;
-      // Already full in the parameters' own dtype: used as it is (edits written back on exit).
-      if (g->is_unsharded() && !g->unsharded_below_full_precision()) {
-        already_full_.push_back(f->state_);
-        continue;
-      }
-      if (f->state_->in_forward_or_backward())
-        throw Error("summon_full_params: FSDP unit " + f->state_->name() + " is in forward or backward");
-      // Gathered for compute in a lower precision (a mixed-precision policy's param_dtype): the
-      // summoned parameters are the full-precision ones, as FSDP1's; the compute copy is
-      // gathered again when the guard ends.
-      if (g->is_unsharded()) {
-        g->reshard();
-        regather_.push_back(f->state_);
-      }
-      states_.push_back(f->state_);
+    if (auto* f = dynamic_cast<FSDPModule*>(m.get()))
+      if (f->state_->param_group()) units.push_back(f->state_);
+  // Every unit checked before any changes: an error leaves the model as it was.
+  for (auto& s : units) {
+    auto* g = s->param_group();
+    // Already full in the parameters' own dtype: used as it is (edits written back on exit).
+    if (g->is_unsharded() && !g->unsharded_below_full_precision()) {
+      already_full_.push_back(s);
+      continue;
     }
+    if (s->in_forward_or_backward())
+      throw Error("summon_full_params: FSDP unit " + s->name() + " is in forward or backward");
+    states_.push_back(s);
+  }
+  for (auto& s : states_) {
+    auto* g = s->param_group();
+    // Gathered for compute in a lower precision (a mixed-precision policy's param_dtype): the
+    // summoned parameters are the full-precision ones, as FSDP1's; the compute copy is gathered
+    // again when the guard ends. A gather in flight (an async unshard, a prefetch nobody used)
+    // is in the compute dtype too: finished and dropped first.
+    if (g->is_unsharded()) {
+      g->reshard();
+      regather_.push_back(s);
+    }
+    g->drop_pending_unshard();
+  }
   // All gathers in flight, then wait; in the parameters' own dtype, as FSDP1 summons them.
   for (auto& s : states_) s->param_group()->unshard(detail::UnshardFor::kFullPrecision);
   for (auto& s : states_) s->param_group()->wait_for_unshard();
 }
 
 FullParamsGuard::~FullParamsGuard() {
-  for (auto& s : states_) {
-    auto* g = s->param_group();
-    if (writeback_) g->write_back_unsharded();
-    g->reshard();
-  }
-  for (auto& s : already_full_)
-    if (writeback_) s->param_group()->write_back_unsharded();
-  for (auto& s : regather_) {
-    s->param_group()->unshard();
-    s->param_group()->wait_for_unshard();
+  // A destructor must not throw: an error here (a failed gather) is left to the next forward,
+  // which gathers again. While an exception unwinds, peers may not be here: no collective then.
+  try {
+    for (auto& s : states_) {
+      auto* g = s->param_group();
+      if (writeback_) g->write_back_unsharded();
+      g->reshard();
+    }
+    for (auto& s : already_full_)
+      if (writeback_) s->param_group()->write_back_unsharded();
+    if (std::uncaught_exceptions() > 0) return;
+    for (auto& s : regather_) {
+      s->param_group()->unshard();
+      s->param_group()->wait_for_unshard();
+    }
+  } catch (...) {
   }
 }
 

@@ -59,7 +59,7 @@ void FSDPParam::init_unsharded(const at::Tensor& region) {
 
 void FSDPParam::write_back_unsharded() {
   const int64_t rows = local_rows();
-  if (rows == 0) return;
+  if (rows == 0 || numel_ == 0) return;
   at::NoGradGuard no_grad;
   at::Tensor all_rows = unsharded_region_.view({-1, row_numel_});
   padded_chunk_.view({chunk_rows(), row_numel_}).narrow(0, 0, rows).copy_(all_rows.narrow(0, row_offset(rank_), rows));

@@ -47,7 +47,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> p
   }
   check_same_on_all_ranks();
   // Read once the check's all-reduce decided the group's transport (on its comm thread).
-  gathers_in_place_ = gathers_in_place(process_group_);
+  all_gather_.choose_path(process_group_);
   flat_ = UnitFlatLayout(params_, world_size_);
   gather_layout_ = std::make_shared<const GatherLayout>(flat_.gather_layout());
   if (post_forward_size() > 0)
@@ -156,8 +156,7 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
   finalize_backward();
   if (purpose != UnshardFor::kBackward) drop_post_forward_shard();
   if (post_forward_shard_.defined()) {
-    all_gather_.start(post_forward_shard_, post_forward_group_, post_forward_gather_layout_, unsharded_flat_,
-                      /*in_place=*/false);
+    all_gather_.start(post_forward_shard_, post_forward_group_, post_forward_gather_layout_, unsharded_flat_);
     return;
   }
   // Optimizer steps write into the shards in place; a user's set_data is folded back here.
@@ -172,8 +171,7 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
                                                      : sharded_flat_.to(compute_options(), /*non_blocking=*/sharded_flat_.is_pinned());
   // Its memory comes when the exchange starts (in place) or at the wait.
   if (gathering_full_precision_) full_precision_flat_ = unallocated(flat_.unsharded_numel(), input.options());
-  all_gather_.start(input, process_group_, gather_layout_, gathering_full_precision_ ? full_precision_flat_ : unsharded_flat_,
-                    gathers_in_place_);
+  all_gather_.start(input, process_group_, gather_layout_, gathering_full_precision_ ? full_precision_flat_ : unsharded_flat_);
 }
 
 void FSDPParamGroup::drop_post_forward_shard() {

@@ -153,7 +153,6 @@ class FSDPParamGroup {
   UnitFlatLayout flat_;
   std::shared_ptr<const GatherLayout> gather_layout_;  // from sharded flats, or post-forward shards
   std::shared_ptr<const GatherLayout> post_forward_gather_layout_;
-  bool gathers_in_place_ = false;
   at::Device compute_device_ = at::kCPU;
   OffloadPolicy offload_policy_;
   at::Tensor sharded_flat_;    // on the host under CPU offload, else on the compute device

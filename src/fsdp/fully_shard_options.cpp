@@ -16,7 +16,7 @@ void MixedPrecisionPolicy::check(const std::string& unit) const {
 }
 
 void ReshardPolicy::check(int group_size, const std::string& unit, const std::string& group) const {
-  if (ways_ == kFully || ways_ == 1) return;
+  if (fully_ || ways_ == 1) return;
   const std::string where = "fully_shard of " + unit + ": reshard_after_forward = " + std::to_string(ways_);
   if (ways_ < 1)  // PyTorch refuses 0 too: it would mean neither true nor a group size
     throw Error(where + " is not allowed: pass a bool or an int k >= 1 dividing the shard group's size " +
@@ -26,7 +26,7 @@ void ReshardPolicy::check(int group_size, const std::string& unit, const std::st
 }
 
 std::string ReshardPolicy::to_string() const {
-  if (ways_ == kFully) return "true";
+  if (fully_) return "true";
   if (ways_ == 1) return "false";
   return std::to_string(ways_);
 }

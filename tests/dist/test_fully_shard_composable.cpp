@@ -325,6 +325,14 @@ static_assert(!std::is_convertible_v<double, ReshardPolicy> && !std::is_converti
               !std::is_convertible_v<size_t, ReshardPolicy> && std::is_convertible_v<int, ReshardPolicy> &&
               std::is_convertible_v<bool, ReshardPolicy>);
 
+// FSDPModule::set_reshard_after_forward takes a bool only, as PyTorch's.
+template <typename T, typename = void>
+struct accepts_set_reshard_after_forward : std::false_type {};
+template <typename T>
+struct accepts_set_reshard_after_forward<
+    T, std::void_t<decltype(std::declval<FSDPModule&>().set_reshard_after_forward(std::declval<T>()))>> : std::true_type {};
+static_assert(accepts_set_reshard_after_forward<bool>::value && !accepts_set_reshard_after_forward<int>::value);
+
 TEST(FullyShardReshardPolicy, AnIntMeansWaysNotTrue) {
   const ReshardPolicy two = FullyShardOptions().reshard_after_forward(2).reshard_after_forward();
   EXPECT_EQ(two.to_string(), "2");
@@ -334,6 +342,10 @@ TEST(FullyShardReshardPolicy, AnIntMeansWaysNotTrue) {
   EXPECT_EQ(ReshardPolicy(1).to_string(), "false");
   EXPECT_FALSE(ReshardPolicy(1).reshards());
   EXPECT_EQ(FullyShardOptions().reshard_after_forward().to_string(), "true");
+  // Every int is checked: -1 is no stand-in for true.
+  EXPECT_EQ(ReshardPolicy(-1).to_string(), "-1");
+  const std::string minus_one = testing::error_of([] { ReshardPolicy(-1).check(4, "unit", "g"); });
+  EXPECT_NE(minus_one.find("reshard_after_forward = -1 is not allowed"), std::string::npos) << minus_one;
 }
 
 TEST_P(FullyShardReshardAfterForwardInt, TrainParityAndCommPerStep) {
