@@ -178,7 +178,7 @@ struct OffloadedModel {
 
 const void* storage_of(const at::Tensor& t) { return t.storage().data_ptr().get(); }
 
-std::vector<std::pair<CPUOffloadPolicy, std::string>> offload_policies() {
+std::vector<std::pair<OffloadPolicy, std::string>> offload_policies() {
   return {{CPUOffloadPolicy(), "pin_memory T"}, {CPUOffloadPolicy().pin_memory(false), "pin_memory F"}};
 }
 
