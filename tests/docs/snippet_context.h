@@ -72,4 +72,10 @@ struct Zero : Training {
   fsdpp::ZeroRedundancyOptimizer<torch::optim::Adam> opt;
 };
 
+// DDP's join section: this rank's batches (as many as it has) and a ZeRO optimizer beside DDP.
+struct DdpJoin : Training {
+  Batches my_batches;
+  fsdpp::ZeroRedundancyOptimizer<torch::optim::Adam> zero;
+};
+
 }  // namespace fsdpp_doc
