@@ -11,7 +11,8 @@ that belong to that layer. A folder or public header the table does not name is 
 the table stays complete.
 
     scripts/check-layers.py [--root DIR]   # exit 1 naming each include that runs upward
-    scripts/check-layers.py --self-test    # proves the check fails on an upward include and a cycle
+    scripts/check-layers.py --self-test    # proves the check fails on an upward include, a public
+                                           # header including a private one, and a cycle
 """
 import argparse
 import os
@@ -90,6 +91,8 @@ def check(root):
                 continue
             if kind == "<":
                 deps.append(path[len("fsdpp/"):])
+            elif area is None:
+                errors.append(f"{rel}:{n}: a public header includes the private header {path}")
             if target > level:
                 errors.append(f"{rel}:{n}: includes {path} from layer '{name_of_level[target]}', above its own "
                               f"layer '{name_of_level[level]}'")
@@ -133,14 +136,22 @@ def self_test():
         if errors != ["src/low/c.cpp:1: includes high/x.h from layer 'high', above its own layer 'low'"]:
             print("self-test: an upward include was not named exactly:", errors)
             return 1
+        os.remove(os.path.join(tmp, "src/low/c.cpp"))
+        with open(os.path.join(tmp, "include/fsdpp/high.h"), "w") as f:
+            f.write('#include "low/b.h"\n')
+        _, errors = check(tmp)
+        if errors != ["include/fsdpp/high.h:1: a public header includes the private header low/b.h"]:
+            print("self-test: a public header including a private one was not named exactly:", errors)
+            return 1
+        with open(os.path.join(tmp, "include/fsdpp/high.h"), "w") as f:
+            f.write("#include <fsdpp/low.h>\n")
         with open(os.path.join(tmp, "include/fsdpp/low2.h"), "w") as f:
             f.write("#include <fsdpp/low.h>\n")
-        os.remove(os.path.join(tmp, "src/low/c.cpp"))
         _, errors = check(tmp)
         if not any("cycle" in e and "low.h" in e for e in errors):
             print("self-test: a cycle low.h -> low2.h -> low.h was not named:", errors)
             return 1
-        print("self-test: an upward include and a cycle are both named")
+        print("self-test: an upward include, a public header including a private one and a cycle are all named")
         return 0
     finally:
         shutil.rmtree(tmp)
