@@ -82,9 +82,19 @@ class OutputProjectionImpl : public torch::nn::Module {
     weight = register_parameter("weight", tied_weight);
   }
   at::Tensor forward(at::Tensor h) { return torch::nn::functional::linear(h, weight); }
+  // As torch::nn::Linear initializes its weight (for fsdpp::materialize_module).
+  void reset_parameters() { torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0)); }
   at::Tensor weight;
 };
 TORCH_MODULE(OutputProjection);
+
+// fsdpp::MaterializeOptions::param_init_fn for this transformer: the one module of its own with
+// parameters (the rest are libtorch modules, which fsdpp initializes itself).
+inline bool init_transformer_module(torch::nn::Module& module) {
+  auto* output = dynamic_cast<OutputProjectionImpl*>(&module);
+  if (output) output->reset_parameters();
+  return output != nullptr;
+}
 
 // The transformer's two ends, as functions its forward and the stage modules below share.
 inline at::Tensor embed_tokens(torch::nn::EmbeddingImpl& tok_embeddings, torch::nn::EmbeddingImpl& pos_embeddings,

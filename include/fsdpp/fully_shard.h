@@ -50,6 +50,7 @@ namespace fsdpp {
 
 namespace detail {
 class FSDPState;
+struct UnitMaterialization;
 class FSDPParamGroup;
 }
 
@@ -163,6 +164,7 @@ class FSDPModule : public torch::nn::Module {
 
  private:
   friend class FullParamsGuard;
+  friend struct detail::UnitMaterialization;
   static std::vector<std::weak_ptr<detail::FSDPState>> states_of(const std::vector<std::shared_ptr<FSDPModule>>& modules);
   // Calls f on this unit's parameter group and, with recurse, on those of the units inside it.
   void for_each_param_group(bool recurse, const std::function<void(detail::FSDPParamGroup&)>& f);

@@ -22,4 +22,11 @@ void empty_cache();
 // Turns that caching off (emptying the cache) or back on; on by default.
 void set_allocator_caching(bool enabled);
 
+// A memory limit per process that behaves like a GPU's: an allocation that would take
+// current_bytes past `bytes` first empties the cache, then throws c10::OutOfMemoryError naming
+// the bytes asked for, the bytes in use and the limit (inside FSDP also the unit). The process
+// stays able to report and exit. 0 (the default) means no limit.
+void set_memory_limit(int64_t bytes);
+int64_t memory_limit();
+
 }  // namespace fsdpp

@@ -1,5 +1,7 @@
 #include "comm/comm_thread.h"
 
+#include <c10/util/Exception.h>
+
 #include <fsdpp/error.h>
 #include <fsdpp/profiler.h>
 #include <fsdpp/work.h>
@@ -66,6 +68,11 @@ void CommThread::loop() {
       task.run();
     } catch (const Error&) {
       error = std::current_exception();
+    } catch (const c10::OutOfMemoryError& e) {
+      // Kept an out-of-memory error, as a GPU's would be, so callers can tell it apart.
+      error = std::make_exception_ptr(
+          c10::OutOfMemoryError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                task.state->description + " failed: " + e.what_without_backtrace()));
     } catch (const std::exception& e) {
       error = std::make_exception_ptr(Error(task.state->description + " failed: " + message_without_backtrace(e)));
     }

@@ -23,22 +23,19 @@ void cast_floating(at::Tensor& t, at::ScalarType dtype) {
 }
 
 // The parameters a unit will shard (all of the module's that no inner unit owns and that are
-// not ignored) share one device, the compute device, and hold data.
+// not ignored) share one device: the compute device, or the meta device (deferred_init).
 void check_parameter_devices(const torch::nn::Module& module, const std::unordered_set<const c10::TensorImpl*>& ignored,
-                             const FullyShardOptions& options, const std::string& unit) {
+                             const std::string& unit) {
   std::optional<std::pair<std::string, at::Device>> first;
   for (const auto& [name, p] : detail::unwrapped_parameters(module)) {
     if (ignored.count(p.unsafeGetTensorImpl())) continue;
-    if (p.is_meta())
-      throw Error("fully_shard of " + unit + ": parameter '" + name + "' is on the meta device; " +
-                  (options.offload_policy().offload_to_cpu() ? "CPU offload needs" : "fully_shard needs") +
-                  " parameters with data (materialize the module, e.g. to_empty and initialize, before wrapping)");
     if (!first) {
       first.emplace(name, p.device());
     } else if (p.device() != first->second) {
       throw Error("fully_shard of " + unit + ": parameter '" + name + "' is on " + p.device().str() + " but '" +
                   first->first + "' is on " + first->second.str() +
-                  "; the parameters a unit shards are computed with on one device (move the module first)");
+                  "; the parameters a unit shards are computed with on one device (move the module first, or build "
+                  "all of the unit under deferred_init)");
     }
   }
 }
@@ -62,7 +59,7 @@ FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOpti
   options.reshard_after_forward().check(groups.shard.size(), unit, groups.shard.name());
   mp_policy_.check(unit);
   const auto ignored = detail::ignored_parameters(*module_, options, unit);
-  check_parameter_devices(*module_, ignored, options, unit);
+  check_parameter_devices(*module_, ignored, unit);
   if (options.auto_wrap_policy()) detail::apply_auto_wrap_policy(*module_, *options.auto_wrap_policy(), options);
   // Parameters owned by inner units stay theirs; ignored ones stay the module's.
   auto params = detail::unwrapped_parameters(*module_);
@@ -82,8 +79,14 @@ void FSDPModule::forward_steps(const std::vector<at::Tensor*>& inputs,
                                const std::function<std::vector<at::Tensor*>()>& invoke) {
   if (!state_->lazy_initialized()) {
     std::vector<std::shared_ptr<detail::FSDPState>> inner;
-    for (const auto& m : module_->modules())
-      if (auto* f = dynamic_cast<FSDPModule*>(m.get())) inner.push_back(f->state_);
+    for (const auto& m : modules())
+      if (auto* f = dynamic_cast<FSDPModule*>(m.get())) {
+        if (const auto* g = f->state_->param_group(); g && g->deferred())
+          throw Error("FSDP unit " + f->state_->name() + " was built under fsdpp::deferred_init and its parameters " +
+                      "hold no values yet: call fsdpp::materialize_module(model), or fsdpp::to_empty(model) and " +
+                      "load a checkpoint, before the first forward");
+        if (f != this) inner.push_back(f->state_);
+      }
     state_->lazy_init_as_root(inner);
   }
   state_->pre_forward();

@@ -7,6 +7,7 @@
 #include <fsdpp/error.h>
 
 #include "common/shape_string.h"
+#include "compat/meta_device.h"
 
 namespace fsdpp::detail {
 namespace {
@@ -33,9 +34,14 @@ void FSDPParam::init_sharded(const at::Tensor& padded_chunk) {
   at::NoGradGuard no_grad;
   padded_chunk_ = padded_chunk;
   sharded_view_ = padded_chunk.narrow(0, 0, local_rows() * row_numel_).view(sharded_size_);
-  sharded_view_.copy_(layout_.local_of_full(param_.detach()));
   param_.mutable_grad().reset();
-  param_.set_data(sharded_view_);
+  if (param_.is_meta()) {
+    // Built under deferred_init: no values to copy; materialize_module gives them.
+    compat::give_meta_tensor_data(param_, sharded_view_);
+  } else {
+    sharded_view_.copy_(layout_.local_of_full(param_.detach()));
+    param_.set_data(sharded_view_);
+  }
   sharded_ = true;
 }
 

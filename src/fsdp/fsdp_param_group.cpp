@@ -17,6 +17,15 @@
 #include "profiler/timeline.h"
 
 namespace fsdpp::detail {
+namespace {
+
+// The allocator knows only bytes; the unit whose collective asked for them is named here.
+c10::OutOfMemoryError out_of_memory_in(const std::string& unit, const c10::OutOfMemoryError& e) {
+  return c10::OutOfMemoryError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                               "FSDP unit " + unit + ": " + e.what_without_backtrace());
+}
+
+}  // namespace
 
 FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, UnitGroups groups,
                                std::string unit_name, std::string trace_name, const ParamGroupPolicies& policies)
@@ -52,7 +61,9 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> p
   gather_layout_ = std::make_shared<const GatherLayout>(flat_.gather_layout());
   if (post_forward_size() > 0)
     post_forward_gather_layout_ = std::make_shared<const GatherLayout>(flat_.gather_layout(world_size_ / post_forward_size()));
-  compute_device_ = first.device();
+  // Deferred parameters are computed with on the CPU, the one compute device so far.
+  deferred_ = first.is_meta();
+  compute_device_ = deferred_ ? at::Device(at::kCPU) : first.device();
   // The full parameters this frees are never allocated again: back to the system, not cached.
   NoCachingScope no_caching;
   bind_flat_buffers(sharded_options(first.scalar_type()), /*initial=*/true);
@@ -142,6 +153,9 @@ void FSDPParamGroup::finish_all_gather(bool keep) {
   };
   try {
     all_gather_.finish(keep);
+  } catch (const c10::OutOfMemoryError& e) {
+    drop_full_precision();
+    throw out_of_memory_in(unit_name_, e);
   } catch (...) {
     drop_full_precision();
     throw;
@@ -172,6 +186,33 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
   // Its memory comes when the exchange starts (in place) or at the wait.
   if (gathering_full_precision_) full_precision_flat_ = unallocated(flat_.unsharded_numel(), input.options());
   all_gather_.start(input, process_group_, gather_layout_, gathering_full_precision_ ? full_precision_flat_ : unsharded_flat_);
+}
+
+void FSDPParamGroup::materialize(const std::function<void()>& init) {
+  if (unsharded_ || all_gather_.in_flight())
+    throw Error("FSDP unit " + unit_name_ + ": materialize while its parameters are gathered");
+  at::Tensor full = at::empty({flat_.unsharded_numel()}, sharded_flat_.options().device(compute_device_).pinned_memory(false));
+  bind_unsharded(full);
+  for (auto& p : params_) p.to_unsharded();
+  auto back_to_shards = [&](bool keep_values) {
+    for (auto& p : params_) {
+      if (keep_values) p.write_back_unsharded();
+      p.to_sharded();
+    }
+    release_storage(full);
+    // Views of the compute buffer again (only a buffer with storage can be viewed).
+    allocate_storage(unsharded_flat_);
+    bind_unsharded(unsharded_flat_);
+    release_storage(unsharded_flat_);
+  };
+  try {
+    init();
+  } catch (...) {
+    back_to_shards(/*keep_values=*/false);
+    throw;
+  }
+  back_to_shards(/*keep_values=*/true);
+  deferred_ = false;
 }
 
 void FSDPParamGroup::drop_post_forward_shard() {
@@ -303,7 +344,11 @@ bool FSDPParamGroup::post_backward(const std::function<void()>& after_release) {
   // gradients taken above, and the unit's gathered parameters, its gradients and the input
   // would otherwise coexist.
   reshard();
-  gradient_reduce_.pack(params_, flat_, grads, std::move(had_grad), reduce_options());
+  try {
+    gradient_reduce_.pack(params_, flat_, grads, std::move(had_grad), reduce_options());
+  } catch (const c10::OutOfMemoryError& e) {
+    throw out_of_memory_in(unit_name_, e);
+  }
   // After packing, which freed the gradients: a gather started here (BACKWARD_POST) lives
   // beside the input alone, and goes ahead of the reduce-scatter on the comm thread.
   try {
@@ -319,7 +364,11 @@ bool FSDPParamGroup::post_backward(const std::function<void()>& after_release) {
 void FSDPParamGroup::finalize_backward() {
   if (!gradient_reduce_.pending()) return;
   profiler::record_function span(profiler::detail::span_name("FSDP::finalize_backward", trace_name_));
-  gradient_reduce_.finish(params_, flat_, sharded_flat_.options());
+  try {
+    gradient_reduce_.finish(params_, flat_, sharded_flat_.options());
+  } catch (const c10::OutOfMemoryError& e) {
+    throw out_of_memory_in(unit_name_, e);
+  }
 }
 
 }  // namespace fsdpp::detail

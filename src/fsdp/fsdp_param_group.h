@@ -41,7 +41,8 @@ struct ParamGroupPolicies {
 
 class FSDPParamGroup {
  public:
-  // The policies are checked by the caller. The compute device is the parameters' device.
+  // The policies are checked by the caller. The compute device is the parameters' device (the
+  // CPU for parameters on the meta device, which are deferred).
   // Parameters are sharded across groups.shard; under HSDP each reduced gradient shard is then
   // averaged across groups.replicate.
   // `trace_name` tells units apart in profiler spans (unit names are module type names).
@@ -76,6 +77,13 @@ class FSDPParamGroup {
   // post-forward shard.
   void reshard_after_forward();
   const ReshardPolicy& reshard_policy() const { return reshard_policy_; }
+  // Deferred init (materialize_module): the unit's full parameters, in their own dtype, on this
+  // rank alone (no collective) while `init` writes them; then this rank's rows become the
+  // shards and the full copy is freed. The parameters were built on the meta device and hold
+  // no values until this or mark_materialized (to_empty: a checkpoint load fills the shards).
+  void materialize(const std::function<void()>& init);
+  bool deferred() const { return deferred_; }
+  void mark_materialized() { deferred_ = false; }
   // set_reshard_after_forward: a bool from now on (no post-forward shard).
   void set_reshard_after_forward(bool v) { reshard_policy_ = ReshardPolicy(v); }
 
@@ -158,6 +166,7 @@ class FSDPParamGroup {
   at::Tensor sharded_flat_;    // on the host under CPU offload, else on the compute device
   at::Tensor unsharded_flat_;  // in the compute dtype, on the compute device
   bool unsharded_ = false;
+  bool deferred_ = false;  // built on the meta device; no values yet
   std::optional<at::ScalarType> param_dtype_, reduce_dtype_;
   // summon_full_params under mixed precision: the gather is in the sharded dtype and the
   // parameters view this buffer until reshard.

@@ -2,11 +2,16 @@
 // bytes, and a cache of freed blocks (memory/block_cache.h) that holds at most the highest live
 // total seen. It replaces the default CPU allocator when libfsdpp loads (a higher registration
 // priority).
+#include <fsdpp/error.h>
 #include <fsdpp/memory.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <new>
+#include <string>
+
+#include <c10/util/Exception.h>
 
 #include <c10/core/CPUAllocator.h>
 
@@ -32,6 +37,7 @@ std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
 std::atomic<int64_t> g_allocations{0};
 std::atomic<int64_t> g_high_water{0};  // never reset: bounds the cache
+std::atomic<int64_t> g_limit{0};       // 0: none
 
 // Never destroyed: tensors freed during static destruction still reach it.
 detail::CPUBlockCache& cache() {
@@ -68,9 +74,32 @@ void release(void* data) {
   std::free(block);
 }
 
+std::string mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+
+// As CUDA's caching allocator: cached blocks count against the limit and go first; then the
+// live bytes alone decide.
+void check_limit(size_t nbytes) {
+  const int64_t limit = g_limit.load();
+  if (limit <= 0) return;
+  const auto asked = static_cast<int64_t>(nbytes);
+  if (g_current.load() + cache().cached_bytes() + asked > limit) cache().clear();
+  const int64_t in_use = g_current.load();
+  if (in_use + asked <= limit) return;
+  throw c10::OutOfMemoryError(
+      c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+      "CPU out of memory under fsdpp's memory limit: tried to allocate " + mib(asked) + " (" +
+          std::to_string(asked) + " bytes) with " + std::to_string(in_use) + " bytes in use and a limit of " +
+          std::to_string(limit) + " bytes (" + mib(limit) + ", fsdpp::set_memory_limit)");
+}
+
 class CountingCPUAllocator final : public compat::CPUAllocatorBase {
  public:
   c10::DataPtr allocate_bytes(size_t nbytes) const override {
+    check_limit(nbytes);
     void* raw = cache().take(nbytes);
     if (raw) FSDPP_UNPOISON(static_cast<char*>(raw) + kHeader, nbytes);
     else if (posix_memalign(&raw, kHeader, nbytes + kHeader) != 0) {
@@ -105,9 +134,15 @@ MemoryStats memory_stats() {
 
 void empty_cache() { cache().clear(); }
 
-
 void set_allocator_caching(bool enabled) { cache().set_enabled(enabled); }
 
 void reset_peak_memory_stats() { g_peak.store(g_current.load()); }
+
+void set_memory_limit(int64_t bytes) {
+  if (bytes < 0) throw Error("set_memory_limit: " + std::to_string(bytes) + " bytes; 0 means none");
+  g_limit.store(bytes);
+}
+
+int64_t memory_limit() { return g_limit.load(); }
 
 }  // namespace fsdpp

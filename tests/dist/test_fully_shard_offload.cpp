@@ -305,38 +305,6 @@ TEST_P(FullyShardCPUOffload, NoCopiesOnACpuComputeDevice) {
   });
 }
 
-// A parameter on the meta device (a module not materialized): refused before anything changes,
-// naming the parameter, with or without offload.
-struct DeferredLinearImpl : torch::nn::Module {
-  DeferredLinearImpl() { weight = register_parameter("weight", at::empty({4, 4}, at::TensorOptions().device(at::kMeta))); }
-  at::Tensor forward(const at::Tensor& x) { return x.matmul(weight); }
-  at::Tensor weight;
-};
-TORCH_MODULE(DeferredLinear);
-
-TEST(FullyShardCPUOffloadErrors, ParameterOnTheMetaDeviceIsRefused) {
-  run_ranks(1, [](RankContext&) {
-    for (bool offload : {true, false}) {
-      Linear first(4, 4);
-      Sequential seq(first, DeferredLinear());
-      const at::Tensor before = first->weight.detach().clone();
-      auto options = FullyShardOptions().auto_wrap_policy(ModuleWrapPolicy<torch::nn::LinearImpl>());
-      if (offload) options.offload_policy(CPUOffloadPolicy());
-      try {
-        FSDPSequential unit(seq, options);
-        FAIL() << "accepted a meta-device parameter";
-      } catch (const Error& e) {
-        const std::string what = e.what();
-        EXPECT_NE(what.find("parameter '1.weight' is on the meta device"), std::string::npos) << what;
-        EXPECT_NE(what.find(offload ? "CPU offload needs" : "fully_shard needs"), std::string::npos) << what;
-      }
-      // Nothing was wrapped or sharded: the first element is the same Linear with its values.
-      EXPECT_EQ(seq->ptr(0).get(), static_cast<torch::nn::Module*>(first.get()));
-      EXPECT_TRUE(at::equal(first->weight, before));
-    }
-  });
-}
-
 FSDPP_INSTANTIATE_WORLD_SIZES(FullyShardCPUOffload);
 
 }  // namespace

@@ -8,11 +8,14 @@
 
 #include <fsdpp/memory.h>
 
+#include "harness/error_of.h"
 #include "memory/allocator_caching.h"
 #include "memory/block_cache.h"
 
 namespace fsdpp {
 namespace {
+
+using testing::error_of;
 
 TEST(MemoryStats, CountsLiveAndPeakTensorBytes) {
   const MemoryStats before = memory_stats();
@@ -99,6 +102,39 @@ TEST(MemoryStats, EmptyCacheAndDisablingReturnTheBlocks) {
   big = at::Tensor();
   EXPECT_GT(memory_stats().cached_bytes, 0);
   empty_cache();
+}
+
+// set_memory_limit behaves like a GPU's memory: an allocation past it throws
+// c10::OutOfMemoryError naming the bytes asked for, in use and the limit; cached blocks count
+// against the limit and are given back first; the process carries on.
+TEST(MemoryLimit, AllocationPastTheLimitThrowsNamingTheBytes) {
+  struct NoLimitAfter {
+    ~NoLimitAfter() { set_memory_limit(0); }
+  } no_limit_after;
+  empty_cache();
+  const int64_t base = memory_stats().current_bytes;
+  const int64_t limit = base + (1 << 20);
+  set_memory_limit(limit);
+  EXPECT_EQ(memory_limit(), limit);
+  at::Tensor a = at::empty({1 << 17}, at::kFloat);  // 512 KiB: fits
+  try {
+    at::Tensor too_big = at::empty({1 << 18}, at::kFloat);  // 1 MiB more: does not
+    FAIL() << "allocated past the limit";
+  } catch (const c10::OutOfMemoryError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("tried to allocate 1.00 MiB (1048576 bytes)"), std::string::npos) << what;
+    EXPECT_NE(what.find("with " + std::to_string(base + (1 << 19)) + " bytes in use"), std::string::npos) << what;
+    EXPECT_NE(what.find("a limit of " + std::to_string(limit) + " bytes"), std::string::npos) << what;
+  }
+  EXPECT_EQ(memory_stats().current_bytes, base + (1 << 19));
+  a = at::Tensor();  // cached: live + cached + asked would pass the limit, so the cache goes
+  EXPECT_GE(memory_stats().cached_bytes, 1 << 19);
+  at::Tensor b = at::empty({(1 << 17) + (1 << 16)}, at::kFloat);  // 768 KiB, another size
+  EXPECT_EQ(memory_stats().cached_bytes, 0);
+  EXPECT_NE(error_of([] { set_memory_limit(-1); }).find("set_memory_limit: -1 bytes"), std::string::npos);
+  set_memory_limit(0);
+  at::Tensor c = at::empty({1 << 18}, at::kFloat);  // no limit
+  EXPECT_EQ(memory_stats().current_bytes, base + (3 << 18) + (1 << 20));  // b and c
 }
 
 // The cache's own bookkeeping: exact sizes, the bound, oldest blocks evicted first.

@@ -1,0 +1,277 @@
+// Deferred (meta-device) initialization: construction allocates nothing, every rank allocates
+// only its shards plus one unit at a time, and the values equal the plain model's built and
+// materialized the same way, element for element, at every world size and under HSDP.
+#include <map>
+#include <string>
+
+#include <fsdpp/checkpoint.h>
+#include <fsdpp/deferred_init.h>
+#include <fsdpp/device_mesh.h>
+#include <fsdpp/memory.h>
+#include <fsdpp/state_dict.h>
+#include <fsdpp/wrap_policy.h>
+
+#include "dist/fsdp_test_util.h"
+#include "harness/error_of.h"
+#include "transformer.h"
+
+namespace fsdpp {
+namespace {
+
+using examples::Transformer;
+using examples::TransformerArgs;
+using examples::TransformerBlockImpl;
+namespace ckpt = checkpoint;
+
+TransformerArgs small_args() {
+  TransformerArgs args;
+  args.n_layers = 4;
+  args.dim = 16;
+  args.vocab_size = 40;
+  return args;
+}
+
+// A module with buffers beside the transformer: BatchNorm's running statistics.
+struct NormedTransformerImpl : torch::nn::Module {
+  explicit NormedTransformerImpl(const TransformerArgs& args) {
+    body = register_module("body", Transformer(args));
+    norm = register_module("norm", torch::nn::BatchNorm1d(args.vocab_size));
+  }
+  at::Tensor forward(const at::Tensor& tokens) { return norm->forward(body->forward(tokens).transpose(1, 2)).transpose(1, 2); }
+  Transformer body{nullptr};
+  torch::nn::BatchNorm1d norm{nullptr};
+};
+TORCH_MODULE(NormedTransformer);
+
+MaterializeOptions init_options(uint64_t seed = 0) {
+  return MaterializeOptions().seed(seed).param_init_fn(examples::init_transformer_module);
+}
+
+// The reference: the plain model built deferred and materialized in this one process.
+NormedTransformer plain_reference(uint64_t seed = 0) {
+  auto model = deferred_init([] { return NormedTransformer(small_args()); });
+  materialize_module(*model, init_options(seed));
+  return model;
+}
+
+std::map<std::string, at::Tensor> values_of(torch::nn::Module& model) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : model.named_parameters()) out[strip_wrapper_prefixes(p.key())] = p.value().detach().clone();
+  for (const auto& b : model.named_buffers()) out[strip_wrapper_prefixes(b.key())] = b.value().detach().clone();
+  return out;
+}
+
+int64_t bytes_of(const std::vector<at::Tensor>& ts) {
+  int64_t n = 0;
+  for (const auto& t : ts) n += t.numel() * t.element_size();
+  return n;
+}
+
+TEST(DeferredInit, ConstructionAllocatesNothingAndEndsCleanly) {
+  TransformerArgs big;
+  big.n_layers = 8;
+  big.dim = 256;  // 6.4 M parameters: 25 MiB if allocated
+  const int64_t before = memory_stats().current_bytes;
+  auto model = deferred_init([&] { return NormedTransformer(big); });
+  EXPECT_LT(memory_stats().current_bytes - before, 64 << 10);
+  for (const auto& p : model->parameters()) EXPECT_TRUE(p.is_meta());
+  // Buffers too, but for torch::tensor literals (BatchNorm's num_batches_tracked), which
+  // libtorch builds on the CPU whatever the scope: one element each.
+  for (const auto& b : model->named_buffers()) EXPECT_TRUE(b.value().is_meta() || b.value().numel() == 1) << b.key();
+  EXPECT_TRUE(has_deferred_tensors(*model));
+  // After the scope, factories and ops are on the CPU again (libtorch 2.6's own guard left ops on meta).
+  at::Tensor x = torch::ones({2});
+  EXPECT_TRUE(x.device().is_cpu());
+  EXPECT_TRUE((x + 1).device().is_cpu());
+  {
+    MetaDeviceGuard outer;
+    { MetaDeviceGuard inner; }
+    EXPECT_TRUE(torch::ones({2}).is_meta());  // an inner guard's end keeps the outer's scope
+  }
+  EXPECT_TRUE((x * 2).device().is_cpu());
+}
+
+// The module's own initializers run on the real tensors: a Linear's weight within Kaiming's
+// bound 1/sqrt(fan_in) and spread across it, LayerNorm ones and zeros, BatchNorm's statistics
+// reset; values depend on the seed only, not on the order or the number of builds.
+TEST(DeferredInit, PlainModelIsInitializedByEachModule) {
+  NormedTransformer a = plain_reference(), b = plain_reference(), c = plain_reference(/*seed=*/1);
+  EXPECT_FALSE(has_deferred_tensors(*a));
+  const auto va = values_of(*a), vb = values_of(*b), vc = values_of(*c);
+  for (const auto& [name, v] : va) {
+    EXPECT_TRUE(v.device().is_cpu()) << name;
+    EXPECT_TRUE(at::equal(v, vb.at(name))) << name;
+  }
+  const at::Tensor w1 = va.at("body.layers.0.feed_forward.w1.weight");
+  const double bound = 1.0 / std::sqrt(16.0);
+  EXPECT_LE(w1.abs().max().item<double>(), bound);
+  EXPECT_GT(w1.abs().max().item<double>(), 0.9 * bound);
+  EXPECT_FALSE(at::equal(w1, vc.at("body.layers.0.feed_forward.w1.weight")));
+  // Two blocks of one shape get different values (each module's own seed).
+  EXPECT_FALSE(at::equal(w1, va.at("body.layers.1.feed_forward.w1.weight")));
+  EXPECT_TRUE(at::equal(va.at("body.layers.0.attention_norm.weight"), torch::ones({16})));
+  EXPECT_TRUE(at::equal(va.at("body.layers.0.attention_norm.bias"), torch::zeros({16})));
+  EXPECT_TRUE(at::equal(va.at("norm.running_var"), torch::ones({40})));
+  EXPECT_EQ(va.at("norm.num_batches_tracked").item<int64_t>(), 0);
+  EXPECT_NEAR(va.at("body.tok_embeddings.weight").std().item<double>(), 1.0, 0.15);  // N(0, 1)
+  const at::Tensor out = va.at("body.output.weight");
+  EXPECT_LE(out.abs().max().item<double>(), bound);
+  EXPECT_GT(out.abs().max().item<double>(), 0.9 * bound);
+  // It trains like any model.
+  torch::optim::SGD opt(a->parameters(), 0.1);
+  at::Tensor tokens = torch::randint(40, {2, 8});
+  examples::language_model_loss(a->forward(tokens), tokens).backward();
+  opt.step();
+}
+
+class DeferredInitSharded : public testing::WorldSizeTest {};
+
+// fully_shard of the deferred model (each block a unit, the ends the root's), then
+// materialize_module: the gathered values equal the plain reference element for element;
+// memory during materialization stays within the shards plus one unit; a training step then
+// matches the reference's on the global batch.
+TEST_P(DeferredInitSharded, EqualsThePlainModelAndTrains) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    NormedTransformer reference = plain_reference();
+    const auto expected = values_of(*reference);
+    auto model = deferred_init([] { return NormedTransformer(small_args()); });
+    auto options = FullyShardOptions().auto_wrap_policy(ModuleWrapPolicy<TransformerBlockImpl>());
+    auto root = fully_shard(model, options);
+    EXPECT_TRUE(has_deferred_tensors(*root));
+    const int64_t base = memory_stats().current_bytes;
+    reset_peak_memory_stats();
+    materialize_module(*root, init_options());
+    EXPECT_FALSE(has_deferred_tensors(*root));
+    // Beyond the shards (allocated by fully_shard): the buffers and one unit at a time (the
+    // largest is a block, a sixth of the model), not the model.
+    int64_t largest_unit = 0;
+    for (FSDPModule* unit : fsdp_units(*root)) largest_unit = std::max(largest_unit, unit->unsharded_padded_numel() * 4);
+    const int64_t full = bytes_of(reference->parameters()), buffers = bytes_of(reference->buffers());
+    EXPECT_LT(2 * largest_unit, full);
+    EXPECT_LE(memory_stats().peak_bytes - base, buffers + largest_unit + (8 << 10)) << "whole model " << full;
+    const auto actual = [&] {
+      auto guard = summon_full_params(*root, /*writeback=*/false);
+      return values_of(*root);
+    }();
+    ASSERT_EQ(actual.size(), expected.size());
+    for (const auto& [name, v] : expected) EXPECT_TRUE(at::equal(actual.at(name), v)) << name;
+
+    // SGD: the BatchNorm after the output leaves the final norm's bias a gradient of rounding
+    // noise only, which Adam would scale up to its step size.
+    torch::optim::SGD opt(root->parameters(), 0.1), ref_opt(reference->parameters(), 0.1);
+    torch::manual_seed(7);
+    at::Tensor tokens = torch::randint(40, {kGlobalBatch, 8});
+    const int64_t local = kGlobalBatch / ctx.world_size;
+    examples::language_model_loss(root->forward(tokens.narrow(0, ctx.rank * local, local)), tokens.narrow(0, ctx.rank * local, local))
+        .backward();
+    opt.step();
+    // The reference: the mean of the per-rank losses (BatchNorm normalizes each rank's slice).
+    at::Tensor ref_loss = at::zeros({});
+    for (int r = 0; r < ctx.world_size; ++r) {
+      at::Tensor slice = tokens.narrow(0, r * local, local);
+      ref_loss = ref_loss + examples::language_model_loss(reference->forward(slice), slice);
+    }
+    (ref_loss / ctx.world_size).backward();
+    ref_opt.step();
+    auto guard = summon_full_params(*root, /*writeback=*/false);
+    const auto after = values_of(*root);
+    for (const auto& p : reference->named_parameters()) expect_close(after.at(p.key()), p.value().detach(), p.key());
+  });
+}
+
+FSDPP_INSTANTIATE_WORLD_SIZES(DeferredInitSharded);
+
+// HSDP (2 x 2) and the FSDP1 wrapper: the same values as the plain model.
+TEST(DeferredInitHSDP, EqualsThePlainModel) {
+  run_ranks(4, [](RankContext& ctx) {
+    const auto expected = values_of(*plain_reference());
+    auto model = deferred_init([] { return NormedTransformer(small_args()); });
+    auto options = FullyShardOptions()
+                       .mesh(init_device_mesh(ctx.world, {2, 2}, {"replicate", "shard"}))
+                       .auto_wrap_policy(ModuleWrapPolicy<TransformerBlockImpl>());
+    FullyShardedDataParallel<NormedTransformerImpl> root(model, options);
+    materialize_module(*root, init_options());
+    auto guard = summon_full_params(*root, /*writeback=*/false);
+    const auto actual = values_of(*root);
+    for (const auto& [name, v] : expected) EXPECT_TRUE(at::equal(actual.at(name), v)) << name;
+  });
+}
+
+// Straight from a checkpoint: to_empty gives the shards memory, a sharded load fills them.
+TEST(DeferredInitCheckpoint, ToEmptyThenLoadGivesTheSavedModel) {
+  run_ranks(2, [](RankContext& ctx) {
+    const std::string dir = ctx.temp_dir + "/ckpt";
+    auto options = FullyShardOptions().auto_wrap_policy(ModuleWrapPolicy<TransformerBlockImpl>());
+    auto saved_model = fully_shard(plain_reference(/*seed=*/3), options);
+    std::map<std::string, at::Tensor> saved;
+    {
+      auto scope = state_dict_type(*saved_model.ptr(), StateDictType::SHARDED_STATE_DICT);
+      ckpt::save(ckpt::to_state(state_dict(saved_model), "model."), dir);
+      auto guard = summon_full_params(*saved_model, /*writeback=*/false);
+      saved = values_of(*saved_model);
+    }
+    auto model = fully_shard(deferred_init([] { return NormedTransformer(small_args()); }), options);
+    to_empty(*model);
+    EXPECT_FALSE(has_deferred_tensors(*model));
+    {
+      auto scope = state_dict_type(*model.ptr(), StateDictType::SHARDED_STATE_DICT);
+      StateDict sd = state_dict(model);
+      ckpt::State state = ckpt::to_state(sd, "model.");
+      ckpt::load(state, dir);
+      load_state_dict(model, sd);
+    }
+    auto guard = summon_full_params(*model, /*writeback=*/false);
+    const auto loaded = values_of(*model);
+    for (const auto& [name, v] : saved) EXPECT_TRUE(at::equal(loaded.at(name), v)) << name;
+  });
+}
+
+// A module of the user's own with deferred parameters and no initializer: refused before any
+// tensor is allocated, naming the module, its type and the tensor.
+struct Scale : torch::nn::Module {
+  Scale() { gain = register_parameter("gain", torch::ones({4})); }
+  at::Tensor forward(const at::Tensor& x) { return x * gain; }
+  at::Tensor gain;
+};
+
+TEST(DeferredInitErrors, ModuleWithoutInitializerIsNamed) {
+  run_ranks(1, [](RankContext&) {
+    auto model = deferred_init([] {
+      auto seq = torch::nn::Sequential(torch::nn::Linear(4, 4));
+      seq->push_back(std::make_shared<Scale>());
+      return seq;
+    });
+    const std::string what = testing::error_of([&] { materialize_module(*model); });
+    EXPECT_NE(what.find("module '1' ("), std::string::npos) << what;
+    EXPECT_NE(what.find("Scale) has deferred tensors 'gain'"), std::string::npos) << what;
+    EXPECT_NE(what.find("param_init_fn"), std::string::npos) << what;
+    for (const auto& p : model->parameters()) EXPECT_TRUE(p.is_meta());  // nothing touched
+    // A param_init_fn that handles it (and leaves the Linear to the default).
+    materialize_module(*model, MaterializeOptions().param_init_fn([](torch::nn::Module& m) {
+      auto* s = dynamic_cast<Scale*>(&m);
+      if (s) s->gain.fill_(2.0);
+      return s != nullptr;
+    }));
+    EXPECT_TRUE(at::equal(model->named_parameters()["1.gain"], torch::full({4}, 2.0)));
+    EXPECT_FALSE(has_deferred_tensors(*model));
+  });
+}
+
+// Forward before materialization names the unit; a unit mixing meta and real parameters is
+// refused at wrapping, naming both.
+TEST(DeferredInitErrors, ForwardBeforeMaterializeAndMixedUnits) {
+  run_ranks(1, [](RankContext&) {
+    auto model = fully_shard(deferred_init([] { return torch::nn::Sequential(torch::nn::Linear(4, 4)); }));
+    std::string what = testing::error_of([&] { model->forward(torch::ones({1, 4})); });
+    EXPECT_NE(what.find("built under fsdpp::deferred_init"), std::string::npos) << what;
+    EXPECT_NE(what.find("materialize_module"), std::string::npos) << what;
+
+    torch::nn::Linear real(4, 4);
+    auto meta = deferred_init([] { return torch::nn::Linear(4, 4); });
+    what = testing::error_of([&] { fully_shard(torch::nn::Sequential(real, meta)); });
+    EXPECT_NE(what.find("parameter '1.weight' is on meta but '0.weight' is on cpu"), std::string::npos) << what;
+  });
+}
+
+}  // namespace
+}  // namespace fsdpp
