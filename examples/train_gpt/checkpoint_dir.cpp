@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <regex>
+#include <stdexcept>
 
 namespace fs = std::filesystem;
 
@@ -34,6 +35,27 @@ std::optional<SavedStep> newest_complete_checkpoint(const std::string& root) {
   auto all = complete_checkpoints(root);
   if (all.empty()) return std::nullopt;
   return all.back();
+}
+
+SavedStep checkpoint_at(const std::string& dir) {
+  const fs::path path = fs::path(dir).lexically_normal();
+  const fs::path folder = path.filename().empty() ? path.parent_path() : path;
+  for (const SavedStep& s : complete_checkpoints(folder.parent_path().string()))
+    if (fs::path(s.dir).filename() == folder.filename()) return s;
+  throw std::invalid_argument("--resume-from " + dir + " is not a complete checkpoint (a step-NNNNNNNN folder with " +
+                              "a metadata.json)");
+}
+
+std::string cannot_resume(const SavedStep& failed, const std::string& error) {
+  const std::string root = fs::path(failed.dir).parent_path().string();
+  std::optional<SavedStep> older;
+  for (const SavedStep& s : complete_checkpoints(root))
+    if (s.step < failed.step) older = s;
+  std::string text = "cannot resume from " + failed.dir + ": " + error + "\n";
+  if (older)
+    return text + "the newest older complete checkpoint is " + older->dir + " (step " + std::to_string(older->step) +
+           "): continue from it with --resume-from " + older->dir;
+  return text + "there is no older complete checkpoint in " + root + ": start the run again without --resume";
 }
 
 std::vector<std::string> prune_checkpoints(const std::string& root, int64_t keep) {

@@ -19,6 +19,11 @@ std::string step_dir(const std::string& root, int64_t step);
 // Complete checkpoints under `root`, oldest first.
 std::vector<SavedStep> complete_checkpoints(const std::string& root);
 std::optional<SavedStep> newest_complete_checkpoint(const std::string& root);
+// The complete checkpoint at `dir` (a step-NNNNNNNN folder); throws naming it otherwise.
+SavedStep checkpoint_at(const std::string& dir);
+// What to say when resuming from `failed` threw `error`: the newest older complete checkpoint
+// and the flag that resumes from it, or that there is none.
+std::string cannot_resume(const SavedStep& failed, const std::string& error);
 // Removes all but the newest `keep` complete checkpoints and the staging folders of saves that
 // never finished. Only while no save of this run is pending. Returns what it removed.
 std::vector<std::string> prune_checkpoints(const std::string& root, int64_t keep);

@@ -36,6 +36,9 @@ std::vector<Flag> flags(Config& c) {
       {"val-fraction", &c.val_fraction, true, "fraction of the file (its end) held out for validation"},
       {"seed", &c.seed, true, "initial weights and batch sampling"},
       {"param-dtype", &c.param_dtype, true, "float32 or bfloat16 (FSDP mixed precision; float32 master weights)"},
+      {"init", &c.init, false, "deferred: each rank allocates only its shards, initializing one block at a time; eager: "
+                              "the whole model on every rank first"},
+      {"memory-limit", &c.memory_limit, false, "bytes of tensor memory per rank; past it, out of memory (0: none)"},
       {"activation-checkpointing", &c.activation_checkpointing, false, "recompute each block in backward"},
       {"replicate", &c.replicate, false, "HSDP: replicas (mesh replicate x world/replicate); 1: plain FSDP"},
       {"log-every", &c.log_every, false, "steps between progress lines"},
@@ -45,6 +48,7 @@ std::vector<Flag> flags(Config& c) {
       {"ckpt-every", &c.ckpt_every, false, "steps between checkpoints (saved in the background)"},
       {"keep", &c.keep, false, "complete checkpoints kept"},
       {"resume", &c.resume, false, "continue from the newest complete checkpoint in --ckpt-dir"},
+      {"resume-from", &c.resume_from, false, "continue from this checkpoint folder (a step-NNNNNNNN)"},
       {"stop-after", &c.stop_after, false, "end this run after that step, as if preempted (then --resume)"},
       {"out", &c.out, false, "model.safetensors to export at the end (default <ckpt-dir>/model.safetensors)"},
       {"sample-bytes", &c.sample_bytes, false, "bytes of text generated from the exported model"},
@@ -101,6 +105,8 @@ void Config::validate() const {
   if (!(c.val_fraction > 0 && c.val_fraction < 1)) fail("--val-fraction must be between 0 and 1");
   if (c.param_dtype != "float32" && c.param_dtype != "bfloat16")
     fail("--param-dtype " + c.param_dtype + ": expected float32 or bfloat16");
+  if (c.init != "deferred" && c.init != "eager") fail("--init " + c.init + ": expected deferred or eager");
+  if (c.memory_limit < 0) fail("--memory-limit must not be negative");
   if (c.resume && c.ckpt_dir.empty()) fail("--resume needs --ckpt-dir");
 }
 
@@ -141,8 +147,9 @@ Config parse_flags(int argc, char** argv) {
     set_value(*flag, text);
     c.given.insert(name);
   }
-  if (!c.resume) c.validate();
-  else if (c.ckpt_dir.empty()) throw std::invalid_argument("--resume needs --ckpt-dir");
+  // A resumed run's other flags come from its checkpoint.
+  if (!c.resume && c.resume_from.empty()) c.validate();
+  else if (c.resume && c.ckpt_dir.empty()) throw std::invalid_argument("--resume needs --ckpt-dir");
   return c;
 }
 

@@ -25,12 +25,15 @@ struct Config {
   std::string param_dtype = "float32";  // or bfloat16: FSDP mixed precision (float32 master weights)
 
   // This run only.
+  std::string init = "deferred";  // or eager: the whole model on every rank before sharding
+  int64_t memory_limit = 0;    // bytes of tensor memory per rank (fsdpp::set_memory_limit); 0: none
   bool activation_checkpointing = false;
   int64_t replicate = 1;       // HSDP: a (replicate, world / replicate) mesh
   int64_t log_every = 10, eval_every = 100, eval_batches = 8;
   std::string ckpt_dir;        // empty: no checkpoints
   int64_t ckpt_every = 100, keep = 3;
   bool resume = false;
+  std::string resume_from;     // a checkpoint folder to continue from (instead of the newest)
   int64_t stop_after = -1;     // end this run after that step, as if preempted
   std::string out;             // model.safetensors path; empty: <ckpt_dir>/model.safetensors or none
   int64_t sample_bytes = 300;

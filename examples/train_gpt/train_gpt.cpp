@@ -52,9 +52,13 @@ TransformerArgs model_args(const Config& c) {
   return args;
 }
 
-Model build_model(const Config& c, const fsdpp::ProcessGroup& world) {
+// --init deferred: built on the meta device, sharded, then each rank initializes its shards one
+// block at a time (or leaves them to the checkpoint it resumes from); eager: the whole model on
+// every rank first. The two give different (equally distributed) initial weights.
+Model build_model(const Config& c, const fsdpp::ProcessGroup& world, bool resuming) {
+  const bool deferred = c.init == "deferred";
   torch::manual_seed(c.seed);  // the same initial weights on every rank
-  Transformer net(model_args(c));
+  Transformer net = deferred ? fsdpp::deferred_init([&] { return Transformer(model_args(c)); }) : Transformer(model_args(c));
   auto options = fsdpp::FullyShardOptions().auto_wrap_policy(fsdpp::ModuleWrapPolicy<TransformerBlockImpl>());
   if (c.activation_checkpointing) {
     fsdpp::apply_activation_checkpointing(*net, fsdpp::ModuleWrapPolicy<TransformerBlockImpl>());
@@ -68,7 +72,13 @@ Model build_model(const Config& c, const fsdpp::ProcessGroup& world) {
   }
   if (c.param_dtype == "bfloat16")
     options.mp_policy(fsdpp::MixedPrecisionPolicy().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat));
-  return fsdpp::fully_shard(net, options);
+  Model model = fsdpp::fully_shard(net, options);
+  if (deferred && resuming) fsdpp::to_empty(*model);
+  else if (deferred)
+    fsdpp::materialize_module(*model, fsdpp::MaterializeOptions()
+                                          .seed(static_cast<uint64_t>(c.seed))
+                                          .param_init_fn(fsdpp::examples::init_transformer_module));
+  return model;
 }
 
 // nanoGPT's split: weight decay on matrices (and embeddings), none on biases and norms.
@@ -167,16 +177,28 @@ bool kill_in_save(int64_t step, int rank) {
 int run(Config c, const fsdpp::ProcessGroup& world) {
   const int rank = world.rank(), n = world.size();
   const auto started = Clock::now();
+  if (c.memory_limit > 0) fsdpp::set_memory_limit(c.memory_limit);
   std::optional<SavedStep> resume_from;
-  if (c.resume) {
+  if (!c.resume_from.empty()) {
+    resume_from = checkpoint_at(c.resume_from);
+  } else if (c.resume) {
     resume_from = checkpoint_to_resume(c, rank);
-    if (resume_from) {
+    if (!resume_from && c.data.empty())
+      throw std::invalid_argument("--resume: " + c.ckpt_dir + " holds no complete checkpoint to continue from; " +
+                                  "to start a new run there, give --data and the run's flags");
+  }
+  if (resume_from) {
+    try {
       ckpt::State record{{"run", std::string()}};
       ckpt::load(record, resume_from->dir);
       c.adopt_run_record(record["run"].to_string(), resume_from->dir);
-    } else {
-      c.validate();  // a first run: every flag it needs must be given
+    } catch (const std::invalid_argument&) {
+      throw;  // a flag that differs from the run's: not the checkpoint's fault
+    } catch (const std::exception& e) {
+      throw std::runtime_error(cannot_resume(*resume_from, e.what()));
     }
+  } else if (c.resume) {
+    c.validate();  // a first run: every flag it needs must be given
   }
   if (c.batch % n != 0)
     throw std::invalid_argument("--batch " + std::to_string(c.batch) + " is not a multiple of the world size " +
@@ -184,12 +206,16 @@ int run(Config c, const fsdpp::ProcessGroup& world) {
   Progress progress(rank == 0, c.progress_bar, c.steps);
   TextCorpus corpus(c.data, c.val_fraction, c.seq + 1);
   BatchSampler sampler(static_cast<uint64_t>(c.seed), corpus.train_bytes(), c.seq + 1);
-  Model model = build_model(c, world);
+  Model model = build_model(c, world, resume_from.has_value());
   torch::optim::AdamW opt = build_optimizer(model, c);
 
   int64_t step = 0;
   if (resume_from) {
-    load_training_state(model, opt, sampler, *resume_from);
+    try {
+      load_training_state(model, opt, sampler, *resume_from);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(cannot_resume(*resume_from, e.what()));
+    }
     step = resume_from->step;
     progress.line(format("resumed from %s (step %lld), now on %d ranks", resume_from->dir.c_str(),
                          static_cast<long long>(step), n));
@@ -300,9 +326,11 @@ int run(Config c, const fsdpp::ProcessGroup& world) {
   }
   const double tokens = static_cast<double>(steps_this_run * c.batch * c.seq);
   progress.line(format("done: %lld steps in %.1f s (%.1f s training, %.0f tok/s); validation loss %.4f nats/byte "
-                       "vs the corpus' unigram entropy %.4f (%.2fx)",
+                       "vs the corpus' unigram entropy %.4f (%.2fx); rank 0's peak tensor memory in training "
+                       "%lld bytes",
                        static_cast<long long>(steps_this_run), seconds_since(started), train_seconds,
-                       tokens / std::max(1e-9, train_seconds), val_loss, entropy, val_loss / entropy));
+                       tokens / std::max(1e-9, train_seconds), val_loss, entropy, val_loss / entropy,
+                       static_cast<long long>(fsdpp::memory_stats().peak_bytes)));
   return 0;
 }
 
@@ -321,6 +349,11 @@ int main(int argc, char** argv) {
   int status = 1;
   try {
     status = train_gpt::run(config, world);
+  } catch (const c10::OutOfMemoryError& e) {
+    // As on a GPU: say what did not fit and what this rank held at its peak, then exit.
+    std::fprintf(stderr, "train_gpt: rank %d: %s (peak tensor memory %lld bytes)\n", world.rank(),
+                 e.what_without_backtrace(), static_cast<long long>(fsdpp::memory_stats().peak_bytes));
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: rank %d: %s\n", world.rank(), e.what());
     return 1;

@@ -6,6 +6,7 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/ddp_zero_hook.h>
+#include <fsdpp/deferred_init.h>
 #include <fsdpp/device_mesh.h>
 #include <fsdpp/distributed_data_parallel.h>
 #include <fsdpp/error.h>

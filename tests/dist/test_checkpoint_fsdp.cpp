@@ -1,13 +1,14 @@
 // Seed 003 (PyTorch's test_fsdp_model_state.py): an FSDP model's SHARDED state dict saved with the
 // distributed checkpoint and loaded into an FSDP model on the same ranks, or on two process
 // groups of half the ranks (even and odd), which reshards on load. Values are only copied, so
-// they must be equal bitwise.
+// they must be equal bitwise. The models are built on the meta device, as the seed's.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
 
 #include <fsdpp/checkpoint.h>
 #include <fsdpp/collectives.h>
+#include <fsdpp/deferred_init.h>
 #include <fsdpp/distributed_data_parallel.h>
 #include <fsdpp/fully_shard.h>
 #include <fsdpp/state_dict.h>
@@ -35,10 +36,19 @@ std::map<std::string, at::Tensor> full_values(FSDPLinear& model) {
   return out;
 }
 
+// The seed's models: Linear(8, 8, device="meta") wrapped, then initialized per shard (FSDP1
+// calls reset_parameters() on a meta module; here materialize_module does). model_2 takes
+// another seed: in PyTorch it differs because the generator has moved on, here each module's
+// values depend only on the seed and its name.
+FSDPLinear deferred_linear(uint64_t seed, const FullyShardOptions& options = {}) {
+  FSDPLinear model(deferred_init([] { return torch::nn::Linear(8, 8); }), options);
+  materialize_module(*model, MaterializeOptions().seed(seed));
+  return model;
+}
+
 void fsdp_model_state(RankContext& ctx, const ProcessGroup& group) {
   const std::string dir = ctx.temp_dir + "/ckpt";
-  torch::manual_seed(0);
-  FSDPLinear model(torch::nn::Linear(8, 8));
+  FSDPLinear model = deferred_linear(0);
   torch::manual_seed(ctx.rank + 100);
   model->forward(torch::rand({8, 8})).sum().backward();
   {
@@ -50,8 +60,7 @@ void fsdp_model_state(RankContext& ctx, const ProcessGroup& group) {
   }
   const auto saved = full_values(model);
 
-  torch::manual_seed(1);  // another initialisation
-  FSDPLinear model_2(torch::nn::Linear(8, 8), FullyShardOptions().process_group(group));
+  FSDPLinear model_2 = deferred_linear(1, FullyShardOptions().process_group(group));  // another initialisation
   auto before = full_values(model_2);
   EXPECT_FALSE(at::equal(before.at("weight"), saved.at("weight")));
   EXPECT_FALSE(at::equal(before.at("bias"), saved.at("bias")));

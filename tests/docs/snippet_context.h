@@ -78,4 +78,10 @@ struct DdpJoin : Training {
   fsdpp::ZeroRedundancyOptimizer<torch::optim::Adam> zero;
 };
 
+// Deferred initialization's section: wrapping options and a user's param_init_fn.
+struct DeferredInit : Training {
+  fsdpp::FullyShardOptions opts;
+  static bool my_init(torch::nn::Module& module);
+};
+
 }  // namespace fsdpp_doc

@@ -18,6 +18,12 @@ Cases (each a ctest test TrainGpt.<Case>):
   FlagErrors                      misuse gets errors naming the flag
   ProgressBarOnATerminal          under fsdpp-run on a (pseudo-)terminal, rank 0 redraws a bar
                                   after every step as one status line, gone from the final screen
+  ResumeErrorsNameTheWayOn        --resume on a folder without checkpoints says so; a corrupt newest
+                                  checkpoint's error names the older one and --resume-from, which
+                                  continues the run exactly
+  MemoryLimitPerRank              --init deferred gives the losses of every world size alike; under
+                                  --memory-limit the 4-rank run trains and the 1-rank run fails
+                                  with an out-of-memory error naming the bytes
 Only the standard library here: the file is read with the reader below (the format is 8 bytes of
 header length, a JSON header, raw little-endian data), and once more with Python's safetensors,
 which both legs have (CMake runs this with FSDPP_PYTHON: PyPI's or Debian 13's).
@@ -81,9 +87,9 @@ class Trainer:
         self.corpus = os.path.join(workdir, "corpus.txt")
         synthetic_text(self.corpus)
 
-    def run(self, nproc, *flags, env=None, expect_ok=True):
+    def run(self, nproc, *flags, env=None, expect_ok=True, data=True):
         cmd = [self.args.launcher, "--nproc-per-node", str(nproc), "--master-port", str(self.args.port),
-               "--timeout", "120", self.args.trainer, "--data", self.corpus] + [str(f) for f in flags]
+               "--timeout", "120", self.args.trainer] + (["--data", self.corpus] if data else []) + [str(f) for f in flags]
         full_env = dict(os.environ, OPENBLAS_NUM_THREADS="1", **(env or {}))
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, env=full_env)
         out = p.stdout + p.stderr
@@ -318,6 +324,51 @@ def case_progress_bar(t):
     print("\n".join(lines))
 
 
+def case_resume_errors(t):
+    os.makedirs(t.dir("empty"))
+    out = t.run(2, "--ckpt-dir", t.dir("empty"), "--resume", data=False, expect_ok=False)
+    check(t.dir("empty") + " holds no complete checkpoint to continue from" in out, "no error saying so", out)
+    check("--data" not in out.split("to continue from")[0], "the error is about --data", out)
+    ref_out, _ = uninterrupted(t, 2, "reference")
+    t.run(2, *MODEL, "--ckpt-dir", t.dir("run"), "--stop-after", 8)
+    newest = os.path.join(t.dir("run"), "step-00000008")
+    older = os.path.join(t.dir("run"), "step-00000004")
+    for name in sorted(os.listdir(newest)):  # one flipped byte in every rank's data file
+        if name.endswith(".safetensors"):
+            path = os.path.join(newest, name)
+            with open(path, "r+b") as f:
+                f.seek(os.path.getsize(path) // 2)
+                byte = f.read(1)
+                f.seek(-1, 1)
+                f.write(bytes([byte[0] ^ 0xFF]))
+    out = t.run(2, "--ckpt-dir", t.dir("run"), *RESUME, expect_ok=False)
+    check("cannot resume from " + newest in out, "the error does not name the corrupt checkpoint", out)
+    check("continue from it with --resume-from " + older in out, "the error does not name the older one", out)
+    out = t.run(2, "--ckpt-dir", t.dir("run"), *RESUME[1:], "--resume-from", older, data=False)
+    check("resumed from " + older + " (step 4)" in out, "did not resume from step 4", out)
+    ref_train, _ = losses(ref_out)
+    got_train, _ = losses(out)
+    check(all(got_train[s] == ref_train[s] for s in range(5, 13)), "steps 5-12 differ from the uninterrupted run", out)
+    print("ok: empty folder and corrupt newest checkpoint named; --resume-from step 4 equals the uninterrupted run")
+
+
+def case_memory_limit(t):
+    # The same initial weights at every world size (deferred init is seeded per module): step 1's
+    # loss, before any update, agrees up to the order of the ranks' sums.
+    one = losses(t.run(1, *MODEL))[0]
+    four = losses(t.run(4, *MODEL))[0]
+    check(abs(float(one[1]) - float(four[1])) <= 2e-6 * float(one[1]), f"step 1's loss at 1 rank {one[1]} vs 4 ranks {four[1]}")
+    # Peak tensor memory of this model in training (measured): 1.48 MB at 1 rank, 0.70 MB at 4.
+    limit = ["--memory-limit", 1_000_000]
+    out = t.run(4, *MODEL, *limit)
+    check(losses(out)[0] == four, "the 4-rank run under the limit trained differently", out)
+    out = t.run(1, *MODEL, *limit, expect_ok=False)
+    check("out of memory under fsdpp's memory limit" in out and "a limit of 1000000 bytes" in out,
+          "the 1-rank run did not fail with an out-of-memory error naming the limit", out)
+    check("peak tensor memory" in out and "Traceback" not in out, "no clean report", out)
+    print("ok: under a 1 MB limit 4 ranks train (losses as without it) and 1 rank stops with an out-of-memory error")
+
+
 CASES = {
     "ResumeAtSameWorldSizeIsBitwise": case_resume_same,
     "ResumeAtAnotherWorldSize": case_resume_other,
@@ -326,6 +377,8 @@ CASES = {
     "ParallelismFlagsKeepTheRun": case_parallelism_flags,
     "FlagErrors": case_flag_errors,
     "ProgressBarOnATerminal": case_progress_bar,
+    "ResumeErrorsNameTheWayOn": case_resume_errors,
+    "MemoryLimitPerRank": case_memory_limit,
 }
 
 
