@@ -161,7 +161,9 @@ void load_training_state(Model& model, torch::optim::Optimizer& opt, BatchSample
   ckpt::State state = ckpt::to_state(model_sd, "model.");
   state.merge(ckpt::to_state(osd, "optim."));
   state["sampler"] = ckpt::Entry::bytes("");
-  ckpt::load(state, saved.dir);
+  // In place: one read buffer at a time, not a second copy of this rank's state (a model that
+  // barely fits its ranks must still resume); a load that fails ends the run anyway.
+  ckpt::load(state, saved.dir, ckpt::LoadOptions().in_place(true));
   fsdpp::set_model_state_dict(model, model_sd);
   fsdpp::set_optimizer_state_dict(model, opt, osd);
   sampler.set_state(state["sampler"].to_string());

@@ -179,6 +179,10 @@ struct FullyShardOptions {
   // FSDP1's ignored_modules: every parameter of these submodules (or of the wrapped module
   // itself) is ignored as above, and an auto-wrap policy makes no unit of them.
   TORCH_ARG(std::vector<std::shared_ptr<torch::nn::Module>>, ignored_modules);
+  // FSDP1's sync_module_states: each unit's parameters and buffers take rank 0's values
+  // (rank 0 of the shard group, then of the replicate group), broadcast one unit at a time, so
+  // only rank 0 needs them: the other ranks may build the model under deferred_init.
+  TORCH_ARG(bool, sync_module_states) = false;
 };
 
 }  // namespace fsdpp

@@ -34,11 +34,19 @@ std::string describe(const std::string& dtype, const std::vector<int64_t>& shape
 }
 
 // Reads every entry of `state` from `m` (chunks relative to `dir`, inside it with `confine`)
-// and then assigns them.
+// and then assigns them; `in_place`: each tensor as soon as it is read.
 void load_from(State& state, const Metadata& m, const std::string& dir, const std::string& what, bool verify,
-               bool confine) {
+               bool confine, bool in_place) {
   ChunkReader reader(dir, verify, confine);
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // destination, what was read
+  auto keep = [&](const at::Tensor& dest, at::Tensor read) {
+    if (!in_place) {
+      copies.emplace_back(dest, std::move(read));
+      return;
+    }
+    at::NoGradGuard no_grad;
+    dest.copy_(read);
+  };
   std::vector<std::pair<std::string, Entry>> values;
   for (const auto& [key, dest] : state) {
     auto found = m.entries.find(key);
@@ -72,16 +80,17 @@ void load_from(State& state, const Metadata& m, const std::string& dir, const st
     if (!tiling.empty()) throw Error(what + ": tensor '" + key + "' is not tiled exactly by its chunks: " + tiling);
     if (dest.kind() == Entry::Kind::kTensor) {
       const at::Tensor& t = dest.tensor();
-      copies.emplace_back(t, reader.read(key, info, Box{std::vector<int64_t>(t.dim(), 0), t.sizes().vec()}));
+      keep(t, reader.read(key, info, Box{std::vector<int64_t>(t.dim(), 0), t.sizes().vec()}));
     } else {
       for (const auto& sh : dest.shards()) {
         if (sh.tensor.scalar_type() != dtype)
           throw Error(what + ": the shards of '" + key + "' in the state to load have different dtypes");
-        copies.emplace_back(sh.tensor, reader.read(key, info, Box{sh.offsets, sh.tensor.sizes().vec()}));
+        keep(sh.tensor, reader.read(key, info, Box{sh.offsets, sh.tensor.sizes().vec()}));
       }
     }
   }
-  // Everything is read and checked: now, and only now, the destinations change.
+  // Everything is read and checked: now, and only now, the destinations change (in place: the
+  // tensors already have).
   at::NoGradGuard no_grad;
   for (auto& [dest, read] : copies) dest.copy_(read);
   for (auto& [key, value] : values) state[key] = std::move(value);
@@ -92,7 +101,7 @@ void load_from(State& state, const Metadata& m, const std::string& dir, const st
 void load(State& state, const std::string& dir, const LoadOptions& options) {
   fsdpp::detail::NoCachingScope no_caching;  // the read buffers' sizes do not recur in training
   const Metadata m = read_metadata(dir);
-  load_from(state, m, dir, "checkpoint " + dir, options.verify(), /*confine=*/true);
+  load_from(state, m, dir, "checkpoint " + dir, options.verify(), /*confine=*/true, options.in_place());
 }
 
 void load_safetensors(State& state, const std::string& file) {
@@ -121,7 +130,7 @@ void load_safetensors(State& state, const std::string& file) {
   for (const auto& [key, dest] : state)
     if (!dest.is_tensor()) throw Error(file + ": entry '" + key + "' is a " + to_string(dest.kind()) +
                                        " but a safetensors file holds only tensors");
-  load_from(state, m, dir, file, /*verify=*/false, /*confine=*/false);
+  load_from(state, m, dir, file, /*verify=*/false, /*confine=*/false, /*in_place=*/false);
 }
 
 std::map<std::string, at::Tensor> load_safetensors(const std::string& file) {

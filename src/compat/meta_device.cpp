@@ -23,8 +23,8 @@ MetaDeviceScope::MetaDeviceScope() {
 
 MetaDeviceScope::~MetaDeviceScope() {
   c10::impl::LocalDispatchKeySet saved = c10::impl::tls_local_dispatch_key_set();
-  saved.included_ = c10::DispatchKeySet::from_raw_repr(saved_included_);
-  saved.excluded_ = c10::DispatchKeySet::from_raw_repr(saved_excluded_);
+  saved.included_ = c10::DispatchKeySet(c10::DispatchKeySet::RAW, saved_included_);
+  saved.excluded_ = c10::DispatchKeySet(c10::DispatchKeySet::RAW, saved_excluded_);
   c10::impl::_force_tls_local_dispatch_key_set(saved);
 }
 

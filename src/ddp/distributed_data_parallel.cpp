@@ -120,6 +120,11 @@ DDP::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, Distribu
 
   NamedTensors params = unique_named(module_->named_parameters(/*recurse=*/true));
   NamedTensors buffers = unique_named(module_->named_buffers(/*recurse=*/true));
+  for (const NamedTensors* tensors : {&params, &buffers})
+    for (const auto& t : *tensors)
+      if (t.tensor.is_meta())
+        throw Error("DistributedDataParallel: '" + t.name + "' is on the meta device (built under deferred_init); " +
+                    "DDP replicates a materialized model: call fsdpp::materialize_module(model) first");
   verify_same_model(describe(params, buffers, options), group);
 
   std::vector<at::Tensor> state = tensors_of(params);

@@ -5,9 +5,11 @@
 
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 #include <fsdpp/fully_shard.h>
 
+#include "compat/meta_device.h"
 #include "fsdp/auto_wrap.h"
 #include "fsdp/fsdp_state.h"
 #include "fsdp/ignored_params.h"
@@ -40,6 +42,22 @@ void check_parameter_devices(const torch::nn::Module& module, const std::unorder
   }
 }
 
+// sync_module_states for buffers, which no unit shards: those of the modules no inner unit owns
+// take rank 0's values, along the same path as the parameters (memory first where deferred).
+void sync_buffers_from_rank0(const torch::nn::Module& module, const detail::UnitGroups& groups) {
+  std::unordered_set<const c10::TensorImpl*> inner;
+  for (const auto& m : module.modules())
+    if (auto* f = dynamic_cast<FSDPModule*>(m.get()))
+      for (const auto& b : f->buffers()) inner.insert(b.unsafeGetTensorImpl());
+  for (const auto& b : module.named_buffers()) {
+    const at::Tensor& t = b.value();
+    if (!t.defined() || inner.count(t.unsafeGetTensorImpl())) continue;
+    if (t.is_meta()) compat::give_meta_tensor_data(t, at::empty(t.sizes(), t.options().device(at::kCPU)));
+    broadcast(t, groups.shard.global_rank(0), groups.shard);
+    if (groups.replicated()) broadcast(t, groups.replicate.global_rank(0), groups.replicate);
+  }
+}
+
 }  // namespace
 
 FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOptions options)
@@ -66,9 +84,11 @@ FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOpti
   params.erase(std::remove_if(params.begin(), params.end(),
                               [&](const auto& p) { return ignored.count(p.second.unsafeGetTensorImpl()) > 0; }),
                params.end());
+  if (options.sync_module_states()) sync_buffers_from_rank0(*module_, groups);
   state_ = std::make_shared<detail::FSDPState>(
       unit, std::move(params), std::move(groups),
-      detail::ParamGroupPolicies{options.reshard_after_forward(), mp_policy_, options.offload_policy()},
+      detail::ParamGroupPolicies{options.reshard_after_forward(), mp_policy_, options.offload_policy(),
+                                 options.sync_module_states()},
       options.backward_prefetch());
   state_->register_self();
 }

@@ -63,6 +63,11 @@ void FSDPParam::init_unsharded(const at::Tensor& region) {
   unsharded_view_ = region.narrow(0, 0, numel_).view(unsharded_size());
 }
 
+void FSDPParam::copy_full_into_unsharded() {
+  at::NoGradGuard no_grad;
+  unsharded_view_.copy_(param_.detach());
+}
+
 void FSDPParam::write_back_unsharded() {
   const int64_t rows = local_rows();
   if (rows == 0 || numel_ == 0) return;

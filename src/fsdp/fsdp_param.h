@@ -41,6 +41,8 @@ class FSDPParam {
   // Binds the unsharded view to `region` (N * padded_chunk_numel() elements of the unit's
   // unsharded buffer, in row order).
   void init_unsharded(const at::Tensor& region);
+  // Before init_sharded, while the parameter is still full: copies it into the unsharded view.
+  void copy_full_into_unsharded();
 
   // Copies this rank's rows of the unsharded view into the shard (summon_full_params with
   // writeback).

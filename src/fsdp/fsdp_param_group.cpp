@@ -66,7 +66,41 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> p
   compute_device_ = deferred_ ? at::Device(at::kCPU) : first.device();
   // The full parameters this frees are never allocated again: back to the system, not cached.
   NoCachingScope no_caching;
+  const at::Tensor from_rank0 = policies.sync_module_states ? broadcast_from_rank0(first.scalar_type()) : at::Tensor();
   bind_flat_buffers(sharded_options(first.scalar_type()), /*initial=*/true);
+  if (from_rank0.defined()) {
+    bind_unsharded(from_rank0);
+    for (auto& p : params_) p.write_back_unsharded();
+    rebind_compute_buffer();
+    deferred_ = false;
+  }
+}
+
+at::Tensor FSDPParamGroup::broadcast_from_rank0(at::ScalarType dtype) {
+  at::Tensor full = at::empty({flat_.unsharded_numel()}, at::TensorOptions().dtype(dtype).device(compute_device_));
+  bind_unsharded(full);
+  const bool source = process_group_.rank() == 0 && (!replicate_group_.defined() || replicate_group_.rank() == 0);
+  if (source && !deferred_)
+    for (auto& p : params_) p.copy_full_into_unsharded();
+  // Whether the source has values, first: every rank then fails alike instead of waiting.
+  at::Tensor has_values = at::full({1}, source && !deferred_ ? 1 : 0, at::kInt);
+  // Along the shard group from its rank 0, then along the replicate group (HSDP) from the rank 0
+  // that now holds the source's values; the flag takes the same path.
+  for (const ProcessGroup* group : {&process_group_, &replicate_group_})
+    if (group->defined()) {
+      broadcast(has_values, group->global_rank(0), *group);
+      broadcast(full, group->global_rank(0), *group);
+    }
+  if (has_values.item<int>() != 1)
+    throw Error("fully_shard of " + unit_name_ + " with sync_module_states: rank 0 holds no values for '" +
+                params_.front().fqn() + "' (it was built under deferred_init); rank 0 must build the model with its values");
+  return full;
+}
+
+void FSDPParamGroup::rebind_compute_buffer() {
+  allocate_storage(unsharded_flat_);
+  bind_unsharded(unsharded_flat_);
+  release_storage(unsharded_flat_);
 }
 
 // The collectives in flight are waited for by their own destructors; the parameters stay shards.
@@ -200,10 +234,7 @@ void FSDPParamGroup::materialize(const std::function<void()>& init) {
       p.to_sharded();
     }
     release_storage(full);
-    // Views of the compute buffer again (only a buffer with storage can be viewed).
-    allocate_storage(unsharded_flat_);
-    bind_unsharded(unsharded_flat_);
-    release_storage(unsharded_flat_);
+    rebind_compute_buffer();
   };
   try {
     init();
@@ -286,9 +317,7 @@ void FSDPParamGroup::reshard() {
   if (!unsharded_) return;
   for (auto& p : params_) p.to_sharded();
   if (full_precision_flat_.defined()) {
-    // Views of the compute buffer again (only a buffer with storage can be viewed).
-    allocate_storage(unsharded_flat_);
-    bind_unsharded(unsharded_flat_);
+    rebind_compute_buffer();
     full_precision_flat_ = at::Tensor();
   }
   release_storage(unsharded_flat_);

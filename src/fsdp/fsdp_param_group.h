@@ -37,6 +37,7 @@ struct ParamGroupPolicies {
   ReshardPolicy reshard_after_forward;
   MixedPrecisionPolicy mp_policy;
   OffloadPolicy offload_policy;
+  bool sync_module_states = false;
 };
 
 class FSDPParamGroup {
@@ -138,6 +139,12 @@ class FSDPParamGroup {
   void bind_flat_buffers(const at::TensorOptions& options, bool initial);
   // Points the parameters' unsharded views into `flat` (the unsharded flat layout).
   void bind_unsharded(const at::Tensor& flat);
+  // The parameters' unsharded views back on the compute buffer, whose memory stays released
+  // (views need a storage with bytes, so it is allocated for the moment).
+  void rebind_compute_buffer();
+  // sync_module_states: the unit's full values on rank 0 of the groups, broadcast to all, with
+  // the unsharded views bound to them (before the parameters become shards).
+  at::Tensor broadcast_from_rank0(at::ScalarType dtype);
   // The sharded flat buffer's options for `dtype`: on the host under CPU offload.
   at::TensorOptions sharded_options(at::ScalarType dtype) const;
   // The dtypes of the unsharded parameters and of the reduce-scatter (the sharded parameters'

@@ -252,13 +252,13 @@ inline std::vector<std::pair<FullyShardOptions, std::string>> reshard_after_forw
 // checkpoint in `dir`, saved under "model." and "optim.", and sets them back; the plain entries of
 // `extra` (e.g. {{"step", 0}}) are loaded with them. Returns every entry loaded.
 inline checkpoint::State load_checkpoint(torch::nn::Module& model, torch::optim::Optimizer& opt, const std::string& dir,
-                                         checkpoint::State extra = {}) {
+                                         checkpoint::State extra = {}, const checkpoint::LoadOptions& options = {}) {
   StateDict model_sd = get_model_state_dict(model);
   OptimizerStateDict osd = checkpoint::optim_state_dict_to_load(checkpoint::read_metadata(dir), model_sd, "optim.");
   checkpoint::State state = checkpoint::to_state(model_sd, "model.");
   state.merge(checkpoint::to_state(osd, "optim."));
   state.merge(extra);
-  checkpoint::load(state, dir);
+  checkpoint::load(state, dir, options);
   set_model_state_dict(model, model_sd);
   set_optimizer_state_dict(model, opt, osd);
   return state;

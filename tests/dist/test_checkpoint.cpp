@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fsdpp/checkpoint.h>
+#include <fsdpp/memory.h>
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 
@@ -305,6 +306,47 @@ TEST(Checkpoint, CorruptDataFilesNameFileAndTensor) {
     problems = ckpt::verify(dir);
     ASSERT_FALSE(problems.empty());
     EXPECT_NE(problems[0].find("(truncated)"), std::string::npos) << problems[0];
+  });
+}
+
+// LoadOptions().in_place(true): the same values, each tensor copied into its destination as
+// soon as it is read, so the load's tensor memory beyond the state is one read buffer instead of
+// all of them; a failed load then leaves the entries before the failure changed (the default
+// changes none: above).
+TEST(Checkpoint, InPlaceLoadHoldsOneReadBufferAtATime) {
+  testing::run_ranks(1, [](RankContext& ctx) {
+    const std::string dir = ctx.temp_dir + "/ckpt";
+    std::map<std::string, at::Tensor> big{
+        {"a", at::randn({1 << 18})}, {"b", at::randn({1 << 18})}, {"c", at::randn({1 << 18})}};  // 1 MiB each
+    ckpt::State saved;
+    for (const auto& [key, t] : big) saved[key] = t;
+    ckpt::save(saved, dir);
+    auto unfilled = [&] {
+      ckpt::State s;
+      for (const auto& [key, t] : big) s[key] = at::full_like(t, -1);
+      return s;
+    };
+    auto load_peak = [&](ckpt::State& s, const ckpt::LoadOptions& options) {
+      const int64_t base = memory_stats().current_bytes;
+      reset_peak_memory_stats();
+      ckpt::load(s, dir, options);
+      return memory_stats().peak_bytes - base;
+    };
+    ckpt::State all_at_once = unfilled(), in_place = unfilled();
+    const int64_t peak_all_at_once = load_peak(all_at_once, {});
+    const int64_t peak_in_place = load_peak(in_place, ckpt::LoadOptions().in_place(true));
+    for (const auto& [key, t] : big) {
+      EXPECT_TRUE(at::equal(all_at_once[key].tensor(), t)) << key;
+      EXPECT_TRUE(at::equal(in_place[key].tensor(), t)) << key;
+    }
+    EXPECT_GE(peak_all_at_once, 3 << 20);
+    EXPECT_LT(peak_in_place, (1 << 20) + (256 << 10));
+    flip_a_byte(dir, "c");
+    ckpt::State partial = unfilled();
+    const std::string e = error_of([&] { ckpt::load(partial, dir, ckpt::LoadOptions().in_place(true)); });
+    EXPECT_NE(e.find("checksum mismatch in tensor 'c'"), std::string::npos) << e;
+    EXPECT_TRUE(at::equal(partial["a"].tensor(), big["a"]));  // filled before 'c' failed
+    EXPECT_TRUE(at::equal(partial["c"].tensor(), at::full_like(big["c"], -1)));
   });
 }
 

@@ -7,6 +7,7 @@
 #include <fsdpp/checkpoint.h>
 #include <fsdpp/deferred_init.h>
 #include <fsdpp/device_mesh.h>
+#include <fsdpp/distributed_data_parallel.h>
 #include <fsdpp/memory.h>
 #include <fsdpp/state_dict.h>
 #include <fsdpp/wrap_policy.h>
@@ -197,9 +198,10 @@ TEST(DeferredInitHSDP, EqualsThePlainModel) {
   });
 }
 
-// Straight from a checkpoint: to_empty gives the shards memory, a sharded load fills them.
+// Straight from a checkpoint or a safetensors file: to_empty gives the shards memory, a sharded
+// load fills them.
 TEST(DeferredInitCheckpoint, ToEmptyThenLoadGivesTheSavedModel) {
-  run_ranks(2, [](RankContext& ctx) {
+  run_ranks(4, [](RankContext& ctx) {
     const std::string dir = ctx.temp_dir + "/ckpt";
     auto options = FullyShardOptions().auto_wrap_policy(ModuleWrapPolicy<TransformerBlockImpl>());
     auto saved_model = fully_shard(plain_reference(/*seed=*/3), options);
@@ -220,9 +222,66 @@ TEST(DeferredInitCheckpoint, ToEmptyThenLoadGivesTheSavedModel) {
       ckpt::load(state, dir);
       load_state_dict(model, sd);
     }
-    auto guard = summon_full_params(*model, /*writeback=*/false);
-    const auto loaded = values_of(*model);
+    {
+      auto guard = summon_full_params(*model, /*writeback=*/false);
+      const auto loaded = values_of(*model);
+      for (const auto& [name, v] : saved) EXPECT_TRUE(at::equal(loaded.at(name), v)) << name;
+    }
+    // From a safetensors file (export_safetensors' output, as Hugging Face ships models): each
+    // rank reads only its rows; the load's memory beyond the shards stays below half the model.
+    const std::string file = ctx.temp_dir + "/model.safetensors";
+    ckpt::export_safetensors(saved_model, file);
+    auto from_file = fully_shard(deferred_init([] { return NormedTransformer(small_args()); }), options);
+    to_empty(*from_file);
+    const int64_t base = memory_stats().current_bytes;
+    reset_peak_memory_stats();
+    {
+      auto scope = state_dict_type(*from_file.ptr(), StateDictType::SHARDED_STATE_DICT);
+      StateDict sd = state_dict(from_file);
+      ckpt::State state = ckpt::to_state(sd);
+      ckpt::load_safetensors(state, file);
+      load_state_dict(from_file, sd);
+    }
+    // Beyond the shards: the state dict's entries and the read buffers, each this rank's rows
+    // (at N = 4 a quarter of the model each), never the model.
+    int64_t model_bytes = 0;
+    for (const auto& [name, v] : saved) model_bytes += v.numel() * v.element_size();
+    EXPECT_LT(memory_stats().peak_bytes - base, 2 * model_bytes / ctx.world_size + (4 << 10)) << "model " << model_bytes;
+    auto guard = summon_full_params(*from_file, /*writeback=*/false);
+    const auto loaded = values_of(*from_file);
     for (const auto& [name, v] : saved) EXPECT_TRUE(at::equal(loaded.at(name), v)) << name;
+  });
+}
+
+// FSDP1's sync_module_states: rank 0 holds the values (built eagerly, as after loading a
+// pretrained file), the other ranks build the model deferred; every rank ends with rank 0's
+// parameters and buffers, under FSDP and HSDP 2 x 2. Rank 0 without values is an error on every
+// rank alike.
+TEST(DeferredInitSyncModuleStates, OtherRanksTakeRankZerosValues) {
+  run_ranks(4, [](RankContext& ctx) {
+    for (bool hsdp : {false, true}) {
+      torch::manual_seed(11);
+      NormedTransformer eager(small_args());  // built here on every rank only for the reference
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& b : eager->buffers())
+          if (b.is_floating_point()) b.add_(0.5);  // buffers an initialization would not give
+      }
+      const auto expected = values_of(*eager);
+      auto options = FullyShardOptions().auto_wrap_policy(ModuleWrapPolicy<TransformerBlockImpl>()).sync_module_states(true);
+      if (hsdp) options.mesh(init_device_mesh(ctx.world, {2, 2}, {"replicate", "shard"}));
+      NormedTransformer model = ctx.rank == 0 ? eager : deferred_init([] { return NormedTransformer(small_args()); });
+      FullyShardedDataParallel<NormedTransformerImpl> root(model, options);
+      EXPECT_FALSE(has_deferred_tensors(*root));
+      auto guard = summon_full_params(*root, /*writeback=*/false);
+      const auto actual = values_of(*root);
+      for (const auto& [name, v] : expected) EXPECT_TRUE(at::equal(actual.at(name), v)) << (hsdp ? "HSDP " : "") << name;
+    }
+    const std::string what = testing::error_of([] {
+      fully_shard(deferred_init([] { return torch::nn::Sequential(torch::nn::Linear(4, 4)); }),
+                  FullyShardOptions().sync_module_states(true));
+    });
+    EXPECT_NE(what.find("with sync_module_states: rank 0 holds no values for '0.weight'"), std::string::npos) << what;
   });
 }
 
@@ -258,7 +317,7 @@ TEST(DeferredInitErrors, ModuleWithoutInitializerIsNamed) {
 }
 
 // Forward before materialization names the unit; a unit mixing meta and real parameters is
-// refused at wrapping, naming both.
+// refused at wrapping, naming both; so is DDP of a deferred model.
 TEST(DeferredInitErrors, ForwardBeforeMaterializeAndMixedUnits) {
   run_ranks(1, [](RankContext&) {
     auto model = fully_shard(deferred_init([] { return torch::nn::Sequential(torch::nn::Linear(4, 4)); }));
@@ -270,6 +329,11 @@ TEST(DeferredInitErrors, ForwardBeforeMaterializeAndMixedUnits) {
     auto meta = deferred_init([] { return torch::nn::Linear(4, 4); });
     what = testing::error_of([&] { fully_shard(torch::nn::Sequential(real, meta)); });
     EXPECT_NE(what.find("parameter '1.weight' is on meta but '0.weight' is on cpu"), std::string::npos) << what;
+
+    // DDP replicates a materialized model.
+    what = testing::error_of([&] { DistributedDataParallel<torch::nn::LinearImpl> ddp(meta); });
+    EXPECT_NE(what.find("'weight' is on the meta device"), std::string::npos) << what;
+    EXPECT_NE(what.find("materialize_module"), std::string::npos) << what;
   });
 }
 
