@@ -1,5 +1,6 @@
 #include "compat/meta_device.h"
 
+#include <ATen/ATen.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <fsdpp/error.h>
@@ -36,6 +37,10 @@ void give_meta_tensor_data(const at::Tensor& meta, const at::Tensor& data) {
   // What Tensor::set_data does after its type check: the data, sizes, device and dispatch keys
   // of `data`; the autograd metadata and version counter stay.
   meta.unsafeGetTensorImpl()->shallow_copy_from(data.getIntrusivePtr());
+}
+
+void give_meta_tensor_memory(const at::Tensor& meta) {
+  give_meta_tensor_data(meta, at::empty(meta.sizes(), meta.options().device(at::kCPU)));
 }
 
 }  // namespace fsdpp::compat

@@ -31,8 +31,10 @@ std::string type_and_shape(const at::Tensor& t) {
 std::string describe(const NamedTensors& params, const NamedTensors& buffers, const DistributedDataParallelOptions& o) {
   std::ostringstream out;
   for (const auto& p : params)
-    out << "parameter '" << p.name << "'\t" << type_and_shape(p.tensor) << (p.tensor.requires_grad() ? "" : " (requires_grad false)") << "\n";
-  for (const auto& b : buffers) out << "buffer '" << b.name << "'\t" << type_and_shape(b.tensor) << "\n";
+    out << "parameter '" << p.name << "'\t" << type_and_shape(p.tensor) << (p.tensor.requires_grad() ? "" : " (requires_grad false)")
+        << (p.tensor.is_meta() ? " (meta device)" : "") << "\n";
+  for (const auto& b : buffers)
+    out << "buffer '" << b.name << "'\t" << type_and_shape(b.tensor) << (b.tensor.is_meta() ? " (meta device)" : "") << "\n";
   out << "options\tbucket_cap_mb " << o.bucket_cap_mb() << ", broadcast_buffers " << o.broadcast_buffers()
       << ", find_unused_parameters " << o.find_unused_parameters() << ", gradient_as_bucket_view "
       << o.gradient_as_bucket_view() << ", static_graph " << o.static_graph() << "\n";
@@ -120,12 +122,14 @@ DDP::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, Distribu
 
   NamedTensors params = unique_named(module_->named_parameters(/*recurse=*/true));
   NamedTensors buffers = unique_named(module_->named_buffers(/*recurse=*/true));
+  // Meta tensors are part of the description, so ranks that differ in them fail the collective
+  // check together; past it, every rank has the same ones.
+  verify_same_model(describe(params, buffers, options), group);
   for (const NamedTensors* tensors : {&params, &buffers})
     for (const auto& t : *tensors)
       if (t.tensor.is_meta())
         throw Error("DistributedDataParallel: '" + t.name + "' is on the meta device (built under deferred_init); " +
                     "DDP replicates a materialized model: call fsdpp::materialize_module(model) first");
-  verify_same_model(describe(params, buffers, options), group);
 
   std::vector<at::Tensor> state = tensors_of(params);
   for (const auto& b : buffers) state.push_back(b.tensor);

@@ -44,17 +44,31 @@ void check_parameter_devices(const torch::nn::Module& module, const std::unorder
 
 // sync_module_states for buffers, which no unit shards: those of the modules no inner unit owns
 // take rank 0's values, along the same path as the parameters (memory first where deferred).
-void sync_buffers_from_rank0(const torch::nn::Module& module, const detail::UnitGroups& groups) {
+void sync_buffers_from_rank0(const torch::nn::Module& module, const detail::UnitGroups& groups, const std::string& unit) {
   std::unordered_set<const c10::TensorImpl*> inner;
   for (const auto& m : module.modules())
     if (auto* f = dynamic_cast<FSDPModule*>(m.get()))
       for (const auto& b : f->buffers()) inner.insert(b.unsafeGetTensorImpl());
-  for (const auto& b : module.named_buffers()) {
-    const at::Tensor& t = b.value();
-    if (!t.defined() || inner.count(t.unsafeGetTensorImpl())) continue;
-    if (t.is_meta()) compat::give_meta_tensor_data(t, at::empty(t.sizes(), t.options().device(at::kCPU)));
+  std::vector<std::pair<std::string, at::Tensor>> buffers;
+  for (const auto& b : module.named_buffers())
+    if (b.value().defined() && !inner.count(b.value().unsafeGetTensorImpl())) buffers.emplace_back(b.key(), b.value());
+  if (buffers.empty()) return;  // the same on every rank (one model)
+  const bool source = groups.shard.rank() == 0 && (!groups.replicated() || groups.replicate.rank() == 0);
+  bool has_values = true;
+  for (const auto& [name, t] : buffers) has_values = has_values && !t.is_meta();
+  // The flag first, along the buffers' path: every rank fails alike if rank 0 has no values.
+  at::Tensor flag = at::full({1}, source && has_values ? 1 : 0, at::kInt);
+  auto along_path = [&](const at::Tensor& t) {
     broadcast(t, groups.shard.global_rank(0), groups.shard);
     if (groups.replicated()) broadcast(t, groups.replicate.global_rank(0), groups.replicate);
+  };
+  along_path(flag);
+  if (flag.item<int>() != 1)
+    throw Error("fully_shard of " + unit + " with sync_module_states: rank 0 holds no values for buffer '" +
+                buffers.front().first + "' (it was built under deferred_init); rank 0 must build the model with its values");
+  for (const auto& [name, t] : buffers) {
+    if (t.is_meta()) compat::give_meta_tensor_memory(t);
+    along_path(t);
   }
 }
 
@@ -84,7 +98,7 @@ FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOpti
   params.erase(std::remove_if(params.begin(), params.end(),
                               [&](const auto& p) { return ignored.count(p.second.unsafeGetTensorImpl()) > 0; }),
                params.end());
-  if (options.sync_module_states()) sync_buffers_from_rank0(*module_, groups);
+  if (options.sync_module_states()) sync_buffers_from_rank0(*module_, groups, unit);
   state_ = std::make_shared<detail::FSDPState>(
       unit, std::move(params), std::move(groups),
       detail::ParamGroupPolicies{options.reshard_after_forward(), mp_policy_, options.offload_policy(),

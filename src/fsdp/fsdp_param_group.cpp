@@ -71,6 +71,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> p
   if (from_rank0.defined()) {
     bind_unsharded(from_rank0);
     for (auto& p : params_) p.write_back_unsharded();
+    release_storage(from_rank0);  // before the compute buffer's momentary bytes: one unit at a time
     rebind_compute_buffer();
     deferred_ = false;
   }
@@ -225,8 +226,17 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
 void FSDPParamGroup::materialize(const std::function<void()>& init) {
   if (unsharded_ || all_gather_.in_flight())
     throw Error("FSDP unit " + unit_name_ + ": materialize while its parameters are gathered");
-  at::Tensor full = at::empty({flat_.unsharded_numel()}, sharded_flat_.options().device(compute_device_).pinned_memory(false));
-  bind_unsharded(full);
+  // The parameters' own dtype: the compute buffer itself, whose views they already are (nothing
+  // to rebind, so nothing can be left pointing at freed memory); under a lower param_dtype, a
+  // buffer of their dtype, the views rebound to the compute buffer afterwards.
+  const bool own_dtype = unsharded_flat_.scalar_type() == sharded_flat_.scalar_type();
+  at::Tensor full = unsharded_flat_;
+  if (own_dtype) {
+    allocate_storage(unsharded_flat_);
+  } else {
+    full = at::empty({flat_.unsharded_numel()}, sharded_flat_.options().device(compute_device_).pinned_memory(false));
+    bind_unsharded(full);
+  }
   for (auto& p : params_) p.to_unsharded();
   auto back_to_shards = [&](bool keep_values) {
     for (auto& p : params_) {
@@ -234,7 +244,7 @@ void FSDPParamGroup::materialize(const std::function<void()>& init) {
       p.to_sharded();
     }
     release_storage(full);
-    rebind_compute_buffer();
+    if (!own_dtype) rebind_compute_buffer();
   };
   try {
     init();

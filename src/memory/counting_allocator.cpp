@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <new>
 #include <string>
 
@@ -80,13 +81,12 @@ std::string mib(int64_t bytes) {
   return text;
 }
 
-// As CUDA's caching allocator: cached blocks count against the limit and go first; then the
-// live bytes alone decide.
-void check_limit(size_t nbytes) {
-  const int64_t limit = g_limit.load();
-  if (limit <= 0) return;
-  const auto asked = static_cast<int64_t>(nbytes);
-  if (g_current.load() + cache().cached_bytes() + asked > limit) cache().clear();
+// Under a limit, checking and counting an allocation are one step for all threads (the main
+// thread, the comm thread, autograd's and OpenMP's may allocate at once).
+std::mutex g_limit_mutex;
+
+// Throws unless `asked` more live bytes stay within `limit`.
+void check_limit(int64_t limit, int64_t asked) {
   const int64_t in_use = g_current.load();
   if (in_use + asked <= limit) return;
   throw c10::OutOfMemoryError(
@@ -99,8 +99,17 @@ void check_limit(size_t nbytes) {
 class CountingCPUAllocator final : public compat::CPUAllocatorBase {
  public:
   c10::DataPtr allocate_bytes(size_t nbytes) const override {
-    check_limit(nbytes);
+    const int64_t limit = g_limit.load();
+    std::unique_lock<std::mutex> limited(g_limit_mutex, std::defer_lock);
+    if (limit > 0) {
+      limited.lock();
+      check_limit(limit, static_cast<int64_t>(nbytes));
+    }
     void* raw = cache().take(nbytes);
+    // As CUDA's caching allocator: a new block that would take live + cached past the limit
+    // first frees the cached ones (a reused block adds nothing to what the process holds).
+    if (!raw && limit > 0 && g_current.load() + cache().cached_bytes() + static_cast<int64_t>(nbytes) > limit)
+      cache().clear();
     if (raw) FSDPP_UNPOISON(static_cast<char*>(raw) + kHeader, nbytes);
     else if (posix_memalign(&raw, kHeader, nbytes + kHeader) != 0) {
       cache().clear();  // out of memory: what the cache holds first, then try again

@@ -149,27 +149,36 @@ uint64_t module_seed(uint64_t seed, const std::string& name) {
 // Memory for the module's meta tensors (its unit's parameters are given theirs by the unit).
 void allocate_meta_tensors(torch::nn::Module& m) {
   for (const auto& [name, t] : own_tensors(m))
-    if (t.defined() && t.is_meta()) compat::give_meta_tensor_data(t, at::empty(t.sizes(), t.options().device(at::kCPU)));
+    if (t.defined() && t.is_meta()) compat::give_meta_tensor_memory(t);
 }
+
+// The default CPU generator seeded for one module, and given back its state afterwards (also
+// when the initializer throws).
+class SeededGenerator {
+ public:
+  explicit SeededGenerator(uint64_t seed) : generator_(at::detail::getDefaultCPUGenerator()) {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    saved_ = generator_.get_state();
+    generator_.set_current_seed(seed);
+  }
+  ~SeededGenerator() {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    generator_.set_state(saved_);
+  }
+  SeededGenerator(const SeededGenerator&) = delete;
+  SeededGenerator& operator=(const SeededGenerator&) = delete;
+
+ private:
+  at::Generator generator_;
+  at::Tensor saved_;
+};
 
 void initialize(const Pending& p, const MaterializeOptions& options) {
   allocate_meta_tensors(*p.at.module);
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  at::Tensor saved;
-  {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    saved = generator.get_state();
-    generator.set_current_seed(module_seed(options.seed(), p.at.name));
-  }
-  bool done = false;
-  {
-    at::NoGradGuard no_grad;
-    done = (options.param_init_fn() && options.param_init_fn()(*p.at.module)) || libtorch_reset(*p.at.module, /*apply=*/true);
-  }
-  {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(saved);
-  }
+  SeededGenerator seeded(module_seed(options.seed(), p.at.name));
+  at::NoGradGuard no_grad;
+  const bool done =
+      (options.param_init_fn() && options.param_init_fn()(*p.at.module)) || libtorch_reset(*p.at.module, /*apply=*/true);
   if (!done) throw Error(no_init_error(p));
 }
 

@@ -198,6 +198,22 @@ TEST(DeferredInitHSDP, EqualsThePlainModel) {
   });
 }
 
+// Under a lower param_dtype the unit is materialized in its parameters' own dtype (float32),
+// not the bfloat16 of its compute buffer: the values are the plain model's exactly.
+TEST(DeferredInitMixedPrecision, MaterializesInTheParametersDtype) {
+  run_ranks(2, [](RankContext&) {
+    const auto expected = values_of(*plain_reference());
+    auto options = FullyShardOptions()
+                       .auto_wrap_policy(ModuleWrapPolicy<TransformerBlockImpl>())
+                       .mp_policy(MixedPrecisionPolicy().param_dtype(at::kBFloat16));
+    auto root = fully_shard(deferred_init([] { return NormedTransformer(small_args()); }), options);
+    materialize_module(*root, init_options());
+    auto guard = summon_full_params(*root, /*writeback=*/false);
+    const auto actual = values_of(*root);
+    for (const auto& [name, v] : expected) EXPECT_TRUE(at::equal(actual.at(name), v)) << name;
+  });
+}
+
 // Straight from a checkpoint or a safetensors file: to_empty gives the shards memory, a sharded
 // load fills them.
 TEST(DeferredInitCheckpoint, ToEmptyThenLoadGivesTheSavedModel) {
@@ -282,6 +298,11 @@ TEST(DeferredInitSyncModuleStates, OtherRanksTakeRankZerosValues) {
                   FullyShardOptions().sync_module_states(true));
     });
     EXPECT_NE(what.find("with sync_module_states: rank 0 holds no values for '0.weight'"), std::string::npos) << what;
+    const std::string buffer_error = testing::error_of([] {
+      fully_shard(deferred_init([] { return torch::nn::Sequential(torch::nn::BatchNorm1d(4)); }),
+                  FullyShardOptions().sync_module_states(true));
+    });
+    EXPECT_NE(buffer_error.find("rank 0 holds no values for buffer '0.running_mean'"), std::string::npos) << buffer_error;
   });
 }
 
