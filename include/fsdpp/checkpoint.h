@@ -91,7 +91,7 @@ struct LoadOptions {
   // the dim-0 rows of a chunk that overlap the destination.
   TORCH_ARG(bool, verify) = true;
   // Copy each tensor into its destination as soon as it is read and checked, so the load holds
-  // one tensor's read buffer beyond the state instead of all of them. A failed load may then
+  // one tensor's read buffers beyond the state instead of every tensor's. A failed load may then
   // leave the entries before the failure changed: for a state with nothing to lose (a model just
   // given memory by to_empty, a fresh optimizer's), where memory is tight.
   TORCH_ARG(bool, in_place) = false;
