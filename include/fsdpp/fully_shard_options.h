@@ -111,6 +111,14 @@ enum class BackwardPrefetch {
   // coexist, but the peak is lower only if that reduce-scatter finishes before the target's
   // first gradients exist (docs/benchmarks.md measures it).
   BACKWARD_POST,
+  // fsdpp's default: BACKWARD_PRE at the units where it keeps the step within its bound (the
+  // larger of: the memory alive at the end of forward plus two of the largest unit, the
+  // backward's peak without prefetch), none elsewhere. The first backward prefetches nothing
+  // and measures each unit's peak from its gather to the next unit's pre-backward; then the
+  // ranks agree on the minimum, so every rank issues its collectives in one order. In a
+  // transformer the early units of backward do not prefetch (the activations are all alive),
+  // the later ones do (docs/api.md, docs/benchmarks.md).
+  BACKWARD_PRE_WITHIN_BOUND,
 };
 
 // FSDP1's ShardingStrategy: how a unit spreads its parameters over the ranks.
@@ -161,8 +169,9 @@ struct FullyShardOptions {
   TORCH_ARG(ReshardPolicy, reshard_after_forward);
   // FSDP1's backward_prefetch: when this unit starts the all-gather of the unit whose backward
   // follows its own. std::nullopt: no implicit backward prefetch (a
-  // set_modules_to_backward_prefetch list still runs, at the start of backward).
-  TORCH_ARG(std::optional<BackwardPrefetch>, backward_prefetch) = BackwardPrefetch::BACKWARD_PRE;
+  // set_modules_to_backward_prefetch list still runs, at the start of backward, as it does
+  // under BACKWARD_PRE_WITHIN_BOUND).
+  TORCH_ARG(std::optional<BackwardPrefetch>, backward_prefetch) = BackwardPrefetch::BACKWARD_PRE_WITHIN_BOUND;
   // Makes units of the submodules the policy selects before wrapping this module, as FSDP1's
   // auto_wrap_policy; they get these options too.
   TORCH_ARG(std::shared_ptr<const AutoWrapPolicy>, auto_wrap_policy);

@@ -91,7 +91,7 @@ const char* to_string(ReduceOp op) {
 namespace {
 
 Work all_reduce_impl(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group, bool async_op, Work after,
-                     std::function<void()> prepare) {
+                     std::function<void()> prepare, bool counted = true) {
   const auto& g = detail::member_group(group, "all_reduce");
   require_tensor(tensor, "all_reduce", "input");
   require_op_for(op, tensor.scalar_type(), "all_reduce");
@@ -103,6 +103,7 @@ Work all_reduce_impl(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& 
   int64_t wire = native ? detail::ring_all_reduce_bytes(bytes, tensor.element_size(), g.rank, n)
                         : 2 * (n - 1) * chunk_bytes;
   if (n == 1) wire = 0;
+  if (!counted) wire = -1;  // (submit counts none; run does not either)
   auto run = [&g, tensor, op, prepare = std::move(prepare)] {
     if (prepare) prepare();
     detail::run_all_reduce(g, tensor, op);
@@ -122,6 +123,10 @@ namespace detail {
 Work all_reduce_after(const Work& after, const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group,
                       std::function<void()> prepare) {
   return all_reduce_impl(tensor, op, group, /*async_op=*/true, after, std::move(prepare));
+}
+
+void metadata_all_reduce(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group) {
+  all_reduce_impl(tensor, op, group, /*async_op=*/false, Work(), {}, /*counted=*/false);
 }
 
 }  // namespace detail

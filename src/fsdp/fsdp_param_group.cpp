@@ -160,6 +160,10 @@ at::TensorOptions FSDPParamGroup::compute_options() const {
       .dtype(param_dtype_.value_or(sharded_flat_.scalar_type()));
 }
 
+int64_t FSDPParamGroup::unsharded_compute_bytes() const {
+  return flat_.unsharded_numel() * static_cast<int64_t>(c10::elementSize(compute_options().dtype().toScalarType()));
+}
+
 at::TensorOptions FSDPParamGroup::reduce_options() const {
   return compute_options().dtype(reduce_dtype_.value_or(compute_options().dtype().toScalarType()));
 }

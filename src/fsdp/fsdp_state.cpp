@@ -1,5 +1,6 @@
 #include "fsdp/fsdp_state.h"
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -11,6 +12,10 @@
 
 #include <fsdpp/error.h>
 #include <fsdpp/fully_shard.h>
+#include <fsdpp/memory.h>
+
+#include "comm/metadata_collectives.h"
+#include "memory/peak_since_mark.h"
 
 namespace fsdpp {
 namespace detail {
@@ -22,6 +27,9 @@ struct Registry {
   // Parameters sharded by a live unit, and that unit's name: sharding one twice is an error.
   std::unordered_map<const c10::TensorImpl*, std::string> sharded;
 };
+
+// Tensor bytes alive now on the compute device (the CPU allocator's count).
+int64_t live_tensor_bytes() { return memory_stats().current_bytes; }
 
 Registry& registry() {
   static auto* r = new Registry;  // never destroyed: states may die during static destruction
@@ -63,7 +71,11 @@ int64_t FSDPState::next_id() {
 
 FSDPState::FSDPState(std::string name, std::vector<std::pair<std::string, at::Tensor>> params, UnitGroups groups,
                      const ParamGroupPolicies& policies, std::optional<BackwardPrefetch> backward_prefetch)
-    : id_(next_id()), name_(std::move(name)), process_group_(groups.shard), backward_prefetch_timing_(backward_prefetch) {
+    : id_(next_id()),
+      name_(std::move(name)),
+      process_group_(groups.shard),
+      replicate_group_(groups.replicate),
+      backward_prefetch_timing_(backward_prefetch) {
   auto& r = registry();
   {
     std::lock_guard<std::mutex> lock(r.mutex);
@@ -173,6 +185,7 @@ void FSDPState::post_forward() {
     append_once(context_->post_forward_order, this);
     if (is_root_) link_prefetch_order();
   }
+  if (is_root_ && torch::autograd::GradMode::is_enabled()) context_->live_bytes_after_forward = live_tensor_bytes();
 }
 
 
@@ -191,11 +204,25 @@ void FSDPState::pre_backward() {
   if (ran_pre_backward_) return;
   ran_pre_backward_ = true;
   training_state_ = TrainingState::kPreBackward;
+  const bool measuring = context_ && !context_->backward_prefetch_decided;
+  if (measuring) close_measurement_window(*context_);
   if (param_group_) {
     param_group_->unshard(UnshardFor::kBackward);
     param_group_->wait_for_unshard();
   }
+  if (measuring) {
+    detail::mark_peak_bytes();
+    context_->measuring = weak_from_this();
+  }
   if (prefetches_at_pre_backward()) prefetch_for_backward();
+}
+
+void FSDPState::close_measurement_window(FSDPRootContext& context) {
+  if (auto s = context.measuring.lock()) {
+    s->window_peak_ = detail::peak_bytes_since_mark();
+    context.backward_peak = std::max(context.backward_peak, s->window_peak_);
+  }
+  context.measuring.reset();
 }
 
 void FSDPState::prefetch_for_backward() {
@@ -205,9 +232,34 @@ void FSDPState::prefetch_for_backward() {
   };
   if (has_explicit_backward_prefetch_) {
     for (auto& w : explicit_backward_prefetch_) prefetch(w.lock());
+  } else if (backward_prefetch_timing_ == BackwardPrefetch::BACKWARD_PRE_WITHIN_BOUND) {
+    if (prefetch_within_bound_) prefetch(backward_prefetch_target_.lock());
   } else if (backward_prefetch_timing_) {
     prefetch(backward_prefetch_target_.lock());
   }
+}
+
+void FSDPState::decide_backward_prefetch(FSDPRootContext& context,
+                                         const std::vector<std::shared_ptr<FSDPState>>& states) {
+  int64_t largest_unit = 0;
+  for (const auto& s : states)
+    if (s->param_group_) largest_unit = std::max(largest_unit, s->param_group_->unsharded_compute_bytes());
+  const int64_t bound = std::max(context.backward_peak, context.live_bytes_after_forward + 2 * largest_unit);
+  std::vector<int32_t> fits(states.size(), 0);
+  for (size_t i = 0; i < states.size(); ++i) {
+    const FSDPState& s = *states[i];
+    const auto target = s.backward_prefetch_target_.lock();
+    if (!s.prefetches_within_bound() || s.window_peak_ < 0 || !target || !target->param_group_) continue;
+    fits[i] = s.window_peak_ + target->param_group_->unsharded_compute_bytes() <= bound;
+  }
+  // Ranks measure different bytes; a prefetch issued on one rank and not on another would put
+  // their collectives in different orders.
+  const FSDPState& root = *states.front();
+  at::Tensor agreed = at::tensor(fits, at::kInt);
+  metadata_all_reduce(agreed, ReduceOp::MIN, root.process_group_);
+  if (root.replicate_group_.defined() && root.replicate_group_.size() > 1)
+    metadata_all_reduce(agreed, ReduceOp::MIN, root.replicate_group_);
+  for (size_t i = 0; i < states.size(); ++i) states[i]->prefetch_within_bound_ = agreed[static_cast<int64_t>(i)].item<int32_t>() != 0;
 }
 
 void FSDPState::post_backward_node_fired() {
@@ -271,6 +323,12 @@ void FSDPState::final_callback(FSDPRootContext& context) {
       if (!s->param_group_->is_unsharded()) s->param_group_->reshard();
     }
   for (auto& s : states) s->reset_iteration();
+  if (!context.backward_prefetch_decided) {
+    close_measurement_window(context);
+    if (std::any_of(states.begin(), states.end(), [](const auto& s) { return s->prefetches_within_bound(); }))
+      decide_backward_prefetch(context, states);
+    context.backward_prefetch_decided = true;
+  }
 }
 
 void FSDPState::reset_iteration() {

@@ -28,6 +28,13 @@ struct FSDPRootContext {
   bool recording_order = false;
   std::vector<std::weak_ptr<FSDPState>> forward_order, post_forward_order;
   bool final_callback_queued = false;
+  // BACKWARD_PRE_WITHIN_BOUND. Until the first backward's end has turned its measurements into
+  // each unit's decision: the tensor bytes alive when the root's last training forward ended,
+  // the unit whose measurement window is open, and the highest peak of a window.
+  bool backward_prefetch_decided = false;
+  int64_t live_bytes_after_forward = 0;
+  std::weak_ptr<FSDPState> measuring;
+  int64_t backward_peak = 0;
 };
 
 class FSDPState : public std::enable_shared_from_this<FSDPState> {
@@ -95,6 +102,18 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   void prefetch_for_backward();
   // An explicit list has to run at one of the two points: at pre-backward unless BACKWARD_POST.
   bool prefetches_at_pre_backward() const { return backward_prefetch_timing_ != BackwardPrefetch::BACKWARD_POST; }
+  // Whether this unit's implicit backward prefetch is BACKWARD_PRE_WITHIN_BOUND's.
+  bool prefetches_within_bound() const {
+    return backward_prefetch_timing_ == BackwardPrefetch::BACKWARD_PRE_WITHIN_BOUND && !has_explicit_backward_prefetch_;
+  }
+  // The first backward's measurement: each unit's window runs from the moment its parameters are
+  // gathered to the next unit's pre-backward (where, without prefetch, that unit gathers), and
+  // its peak is the highest tensor memory in it.
+  static void close_measurement_window(FSDPRootContext& context);
+  // After it: a unit prefetches if its window's peak plus the prefetched unit stays within the
+  // larger of the backward's peak and live_bytes_after_forward + 2 x the largest unit (it then
+  // never raises the step's peak past both), as the ranks of the root's groups agree.
+  static void decide_backward_prefetch(FSDPRootContext& context, const std::vector<std::shared_ptr<FSDPState>>& states);
   void queue_final_callback();
   static void final_callback(FSDPRootContext& context);
   void reset_iteration();
@@ -104,6 +123,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   int64_t id_;
   std::string name_;
   ProcessGroup process_group_;
+  ProcessGroup replicate_group_;  // HSDP; empty otherwise
   std::optional<FSDPParamGroup> param_group_;
   bool is_last_backward_ = true;
   bool is_root_ = false;
@@ -114,6 +134,10 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   std::weak_ptr<FSDPState> forward_prefetch_target_, backward_prefetch_target_;
   bool has_explicit_forward_prefetch_ = false, has_explicit_backward_prefetch_ = false;
   std::vector<std::weak_ptr<FSDPState>> explicit_forward_prefetch_, explicit_backward_prefetch_;
+  // BACKWARD_PRE_WITHIN_BOUND: the peak of this unit's window in the first backward (-1: not
+  // reached), and the decision taken from it.
+  int64_t window_peak_ = -1;
+  bool prefetch_within_bound_ = false;
   TrainingState training_state_ = TrainingState::kIdle;
   bool ran_pre_backward_ = false;
   bool ran_post_backward_ = false;

@@ -19,6 +19,7 @@
 #include "compat/cpu_allocator.h"
 #include "memory/allocator_caching.h"
 #include "memory/block_cache.h"
+#include "memory/peak_since_mark.h"
 #include "profiler/timeline.h"
 
 // Under AddressSanitizer a cached block's data is poisoned, so a use after free is still reported.
@@ -36,6 +37,7 @@ namespace {
 
 std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
+std::atomic<int64_t> g_peak_since_mark{0};
 std::atomic<int64_t> g_allocations{0};
 std::atomic<int64_t> g_high_water{0};  // never reset: bounds the cache
 std::atomic<int64_t> g_limit{0};       // 0: none
@@ -50,16 +52,19 @@ detail::CPUBlockCache& cache() {
 // the header is one alignment unit so the data stays 64-byte aligned.
 constexpr size_t kHeader = 64;
 
+void raise_to(std::atomic<int64_t>& peak, int64_t now) {
+  int64_t seen = peak.load();
+  while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+  }
+}
+
 void count(int64_t delta) {
   int64_t now = g_current.fetch_add(delta) + delta;
   // Each sample is a value current_bytes took, so the samples' maximum is the peak.
   if (profiler::detail::recording_memory()) profiler::detail::record_memory(now);
-  int64_t peak = g_peak.load();
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
-  }
-  int64_t high = g_high_water.load();
-  while (now > high && !g_high_water.compare_exchange_weak(high, now)) {
-  }
+  raise_to(g_peak, now);
+  raise_to(g_peak_since_mark, now);
+  raise_to(g_high_water, now);
 }
 
 void release(void* data) {
@@ -146,6 +151,11 @@ void empty_cache() { cache().clear(); }
 void set_allocator_caching(bool enabled) { cache().set_enabled(enabled); }
 
 void reset_peak_memory_stats() { g_peak.store(g_current.load()); }
+
+namespace detail {
+int64_t peak_bytes_since_mark() { return g_peak_since_mark.load(); }
+void mark_peak_bytes() { g_peak_since_mark.store(g_current.load()); }
+}  // namespace detail
 
 void set_memory_limit(int64_t bytes) {
   if (bytes < 0) throw Error("set_memory_limit: " + std::to_string(bytes) + " bytes; 0 means none");

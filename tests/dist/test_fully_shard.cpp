@@ -635,7 +635,8 @@ TEST_P(FullyShardPrefetching, ImplicitForwardAndBackwardPrefetch) {
           return g;
         });
     };
-    const auto options = FullyShardOptions().reshard_after_forward(true);
+    // FSDP2's implicit prefetch is BACKWARD_PRE (fsdpp's default decides after the first backward).
+    const auto options = FullyShardOptions().reshard_after_forward(true).backward_prefetch(BackwardPrefetch::BACKWARD_PRE);
     using FSDPProbe = FullyShardedDataParallel<ProbeImpl>;
     torch::manual_seed(42);
     FSDPSequential model(Sequential(FSDPProbe(Probe(7, 9, record), options), ReLU(),
