@@ -104,9 +104,12 @@ int main(int argc, char** argv) {
   };
   int64_t base = 0;
   auto probe_peaks = [&](auto& m, torch::optim::Optimizer& o) {
+    // Zeroed, not dropped (libtorch's zero_grad sets them to none): the gradient shards are
+    // state held between steps, and backward adds into them.
+    for (auto& p : m->parameters())
+      if (p.grad().defined()) p.mutable_grad().zero_();
     fsdpp::reset_peak_memory_stats();
     base = fsdpp::memory_stats().current_bytes;
-    o.zero_grad();
     at::Tensor loss = language_model_loss(m->forward(tokens), targets);
     StepPeaks peaks{};
     peaks.forward_peak = fsdpp::memory_stats().peak_bytes - base;

@@ -164,6 +164,10 @@ int64_t FSDPParamGroup::unsharded_compute_bytes() const {
   return flat_.unsharded_numel() * static_cast<int64_t>(c10::elementSize(compute_options().dtype().toScalarType()));
 }
 
+int64_t FSDPParamGroup::unsharded_reduce_bytes() const {
+  return flat_.unsharded_numel() * static_cast<int64_t>(c10::elementSize(reduce_options().dtype().toScalarType()));
+}
+
 at::TensorOptions FSDPParamGroup::reduce_options() const {
   return compute_options().dtype(reduce_dtype_.value_or(compute_options().dtype().toScalarType()));
 }

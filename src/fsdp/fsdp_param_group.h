@@ -56,9 +56,10 @@ class FSDPParamGroup {
   const std::vector<FSDPParam>& fsdp_params() const { return params_; }
   const ProcessGroup& process_group() const { return process_group_; }
   int64_t unsharded_numel() const { return flat_.unsharded_numel(); }
-  // Bytes of the unsharded parameters as computed with (the gather's output), and of their
-  // gradients as backward produces them.
+  // Bytes of the unsharded parameters as computed with (the gather's output, and the gradients
+  // backward produces), and of the reduce-scatter input.
   int64_t unsharded_compute_bytes() const;
+  int64_t unsharded_reduce_bytes() const;
 
   // Starts the all-gather (asynchronously) unless unsharded or already started. For backward
   // it gathers from the k-way post-forward shard when one is kept; otherwise that shard is

@@ -211,15 +211,28 @@ void FSDPState::pre_backward() {
     param_group_->wait_for_unshard();
   }
   if (measuring) {
+    if (context_->measured_order.empty()) context_->gradient_shard_bytes_at_start = gradient_shard_bytes(*context_);
     detail::mark_peak_bytes();
     context_->measuring = weak_from_this();
+    context_->measured_order.push_back(weak_from_this());
   }
   if (prefetches_at_pre_backward()) prefetch_for_backward();
 }
 
+int64_t FSDPState::gradient_shard_bytes(const FSDPRootContext& context) {
+  int64_t bytes = 0;
+  for (const auto& w : context.states)
+    if (auto s = w.lock())
+      if (s->param_group_ && !s->param_group_->is_unsharded())  // (an unsharded unit's .grad is full)
+        for (const auto& p : s->param_group_->fsdp_params())
+          if (p.param().grad().defined()) bytes += static_cast<int64_t>(p.param().grad().nbytes());
+  return bytes;
+}
+
 void FSDPState::close_measurement_window(FSDPRootContext& context) {
   if (auto s = context.measuring.lock()) {
-    s->window_peak_ = detail::peak_bytes_since_mark();
+    s->window_peak_ =
+        detail::peak_bytes_since_mark() - (gradient_shard_bytes(context) - context.gradient_shard_bytes_at_start);
     context.backward_peak = std::max(context.backward_peak, s->window_peak_);
   }
   context.measuring.reset();
@@ -245,12 +258,25 @@ void FSDPState::decide_backward_prefetch(FSDPRootContext& context,
   for (const auto& s : states)
     if (s->param_group_) largest_unit = std::max(largest_unit, s->param_group_->unsharded_compute_bytes());
   const int64_t bound = std::max(context.backward_peak, context.live_bytes_after_forward + 2 * largest_unit);
+  std::unordered_map<const FSDPState*, size_t> index;
+  for (size_t i = 0; i < states.size(); ++i) index[states[i].get()] = i;
   std::vector<int32_t> fits(states.size(), 0);
-  for (size_t i = 0; i < states.size(); ++i) {
-    const FSDPState& s = *states[i];
-    const auto target = s.backward_prefetch_target_.lock();
-    if (!s.prefetches_within_bound() || s.window_peak_ < 0 || !target || !target->param_group_) continue;
-    fits[i] = s.window_peak_ + target->param_group_->unsharded_compute_bytes() <= bound;
+  std::unordered_map<const FSDPState*, int64_t> held_over;  // a reduce-scatter input in its window
+  for (const auto& w : context.measured_order) {
+    const auto s = w.lock();
+    const auto target = s ? s->backward_prefetch_target_.lock() : nullptr;
+    if (!s || !index.count(s.get()) || !s->prefetches_within_bound() || s->window_peak_ < 0 || !target ||
+        !target->param_group_)
+      continue;
+    // The reduce-scatter's input and output.
+    const int64_t reduce_input =
+        s->param_group_ ? s->param_group_->unsharded_reduce_bytes() * (s->process_group_.size() + 1) / s->process_group_.size() : 0;
+    const bool fits_here = s->window_peak_ + held_over[s.get()] + target->param_group_->unsharded_compute_bytes() <= bound;
+    const bool fits_there = target->window_peak_ < 0 || target->window_peak_ + reduce_input <= bound;
+    if (fits_here && fits_there) {
+      fits[index[s.get()]] = 1;
+      held_over[target.get()] = reduce_input;
+    }
   }
   // Ranks measure different bytes; a prefetch issued on one rank and not on another would put
   // their collectives in different orders.
