@@ -7,6 +7,9 @@
 namespace fsdpp::plan::detail {
 namespace {
 
+// torch::get_rng_state() of the CPU generator (mt19937's state and the normal-sampling cache).
+constexpr int64_t kCpuRngStateBytes = 5056;
+
 class StepReplay {
  public:
   StepReplay(const Tape& tape, const std::vector<UnitBytes>& units, const ReplayOptions& options)
@@ -97,9 +100,11 @@ class StepReplay {
   void run_forward_op(int i, Keep keep, bool saving) {
     const TapeOp& op = ops_[i];
     const int t = op.output;
-    if (alive_[t]) {  // a recomputed block's output: the original stays, the copy is dropped
+    if (alive_[t]) {
+      // A recomputed block's output: the original stays; the recomputed one is the root of the
+      // checkpoint's inner backward, alive until that ends (the unit's post-backward).
       timeline_.alloc(Bytes::kTemporaries, tensors_[t].bytes);
-      timeline_.free(Bytes::kTemporaries, tensors_[t].bytes);
+      recomputed_output_[op.unit] += tensors_[t].bytes;
     } else {
       kind_[t] = keep(t) ? Bytes::kActivations : Bytes::kTemporaries;
       alloc_tensor(t);
@@ -161,6 +166,8 @@ class StepReplay {
   }
 
   void pre_forward(int u) {
+    // A checkpointed block keeps the CPU generator's state for its recompute.
+    if (checkpointed(u)) timeline_.alloc(Bytes::kActivations, kCpuRngStateBytes);
     wait_for_gather(u);
     // forward order: root, block 0, ..., the last block (which prefetches nothing)
     const int next = u + 1;
@@ -200,6 +207,9 @@ class StepReplay {
   }
   void post_backward(int u) {
     backward_done_[u] = true;
+    timeline_.free(Bytes::kTemporaries, recomputed_output_[u]);
+    recomputed_output_[u] = 0;
+    if (checkpointed(u)) timeline_.free(Bytes::kActivations, kCpuRngStateBytes);
     finalize_reduce_scatter();
     reshard(u);
     timeline_.alloc(Bytes::kCommBuffers, units_[u].reduce_input);  // packing frees the gradients after
@@ -279,6 +289,7 @@ class StepReplay {
 
   void backward() {
     unit_grads_.assign(units_.size(), 0);
+    recomputed_output_.assign(units_.size(), 0);
     for (int i = static_cast<int>(ops_.size()) - 1; i >= 0; --i) {
       const int u = ops_[i].unit;
       if (u >= 0 && !backward_started_[u]) {
@@ -303,7 +314,7 @@ class StepReplay {
   std::vector<bool> gathered_, prefetched_, backward_started_, backward_done_, kept_, alive_, grad_alive_, extra_alive_;
   std::vector<Bytes> kind_;
   std::vector<std::vector<int>> released_at_;  // tensors a C++ local holds until op i
-  std::vector<int64_t> unit_grads_, grad_owned_;  // bytes of the gradient tensor a tensor's grad owns
+  std::vector<int64_t> unit_grads_, grad_owned_, recomputed_output_;  // bytes of the gradient tensor a tensor's grad owns
   int64_t largest_ = 0, after_forward_ = 0;
   int pending_ = -1;
   int64_t traced_peak_ = 0;

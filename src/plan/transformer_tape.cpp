@@ -57,13 +57,19 @@ int example_block(Tape& tape, const Dims& x, int in, bool explicit_kernel) {
   for (int t : locals) tape.hold(t, tape.last_op());
   const int h = tape.op("x + attention", x.td(), {in, attn});
   tape.last_op_passes_grad_through();
+  // Temporaries of a C++ full expression live until it ends (what matters without grad mode,
+  // where nothing is saved: a checkpointed block's forward).
+  tape.hold(n1, tape.last_op());
   const int n2 = tape.op("ffn_norm", x.td(), {h}, {h}, 2 * x.d * a);
   tape.last_op_saves_extra(norm_stats);
   const int f1 = tape.op("w1", x.tf(), {n2}, {n2}, (x.f * x.d + x.f) * a);
   const int g = tape.op("gelu", x.tf(), {f1}, {f1});
   const int f2 = tape.op("w2", x.td(), {g}, {g}, (x.d * x.f + x.d) * a);
+  tape.hold(f1, tape.last_op());
+  tape.hold(g, tape.last_op());
   const int out = tape.op("h + feed_forward", x.td(), {h, f2});
   tape.last_op_passes_grad_through();
+  tape.hold(n2, tape.last_op());
   return out;
 }
 
@@ -89,6 +95,7 @@ int llama_block(Tape& tape, const Dims& x, int in, bool explicit_kernel) {
   for (int t : locals) tape.hold(t, tape.last_op());
   const int h = tape.op("x + attention", x.td(), {in, attn});
   tape.last_op_passes_grad_through();
+  tape.hold(n1, tape.last_op());
   const int n2 = tape.op("ffn_norm (RMSNorm)", x.td(), {h}, {h}, x.d * a);
   tape.last_op_saves_extra(rstd);
   const int g1 = tape.op("w1", x.tf(), {n2}, {n2}, x.f * x.d * a);
@@ -96,8 +103,10 @@ int llama_block(Tape& tape, const Dims& x, int in, bool explicit_kernel) {
   const int g3 = tape.op("w3", x.tf(), {n2}, {n2}, x.f * x.d * a);
   const int gated = tape.op("silu * w3", x.tf(), {act, g3}, {act, g3});
   const int f2 = tape.op("w2", x.td(), {gated}, {gated}, x.d * x.f * a);
+  for (int t : {g1, act, g3, gated}) tape.hold(t, tape.last_op());
   const int out = tape.op("h + feed_forward", x.td(), {h, f2});
   tape.last_op_passes_grad_through();
+  tape.hold(n2, tape.last_op());
   return out;
 }
 
