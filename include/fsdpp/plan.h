@@ -20,6 +20,14 @@
 #include <c10/core/ScalarType.h>
 #include <torch/arg.h>
 
+namespace torch::nn {
+class Module;
+}
+
+namespace fsdpp {
+struct AutoWrapPolicy;
+}
+
 namespace fsdpp::plan {
 
 // kExampleTransformer: examples/transformer.h (LayerNorm, learned positions, GELU MLP with
@@ -106,6 +114,20 @@ struct StepPlan {
 };
 
 StepPlan plan_step(const ModelShape& model, const ParallelLayout& layout);
+
+// A model given as its parameter list instead: each unit's parameters' shapes. units_of cuts a
+// module (built normally or under deferred_init: only shapes are read) the way fully_shard with
+// `policy` as auto_wrap_policy does: every selected submodule a unit of the parameters no inner
+// unit holds, the rest the root (first); a parameter shared by two modules counted once.
+struct UnitShapes {
+  std::string name;
+  std::vector<std::vector<int64_t>> shapes;
+};
+std::vector<UnitShapes> units_of(const torch::nn::Module& model, const AutoWrapPolicy& policy);
+// What the parameter list decides without a forward to count: held state, unit sizes and bytes
+// on the wire (activations and peaks are left 0). No tensor parallelism (which weights a TP plan
+// splits is the model's).
+StepPlan plan_units(const std::vector<UnitShapes>& units, const ParallelLayout& layout);
 // The replay behind plan_step: live bytes above the held state after each op and FSDP event.
 std::string trace_step(const ModelShape& model, const ParallelLayout& layout);
 // A table, one line per quantity (MiB and bytes).

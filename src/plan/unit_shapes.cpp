@@ -60,10 +60,22 @@ UnitPlan shard_unit(const std::string& name, const std::vector<ParamShape>& para
   return u;
 }
 
+namespace {
+void require(bool ok, const std::string& what) {
+  if (!ok) throw Error("fsdpp-plan: " + what);
+}
+}  // namespace
+
+void check_layout(const ParallelLayout& l) {
+  const int64_t tp = l.tensor_parallel(), r = l.replicate(), n = l.world_size();
+  require(tp > 0 && r > 0 && n > 0, "world_size, replicate and tensor_parallel must be positive");
+  require(n % (tp * r) == 0, "replicate x tensor_parallel (" + std::to_string(r) + " x " + std::to_string(tp) +
+                                 ") must divide world_size " + std::to_string(n));
+  require(l.rank() >= 0 && l.rank() < n / (tp * r),
+          "rank " + std::to_string(l.rank()) + " is outside the shard group of " + std::to_string(n / (tp * r)));
+}
+
 void check_shape_and_layout(const ModelShape& m, const ParallelLayout& l) {
-  auto require = [](bool ok, const std::string& what) {
-    if (!ok) throw Error("fsdpp-plan: " + what);
-  };
   require(m.layers() >= 0 && m.dim() > 0 && m.heads() > 0 && m.vocab() > 0 && m.seq() > 0 && m.batch() > 0,
           "layers, dim, heads, vocab, seq and batch must be positive (layers " + std::to_string(m.layers()) + ", dim " +
               std::to_string(m.dim()) + ", heads " + std::to_string(m.heads()) + ")");
@@ -73,15 +85,11 @@ void check_shape_and_layout(const ModelShape& m, const ParallelLayout& l) {
   require(m.architecture() != Architecture::kExampleTransformer || kv_heads_of(m) == m.heads(),
           "examples/transformer.h has no grouped-query attention: kv_heads " + std::to_string(kv_heads_of(m)) +
               " must equal heads " + std::to_string(m.heads()));
-  const int64_t tp = l.tensor_parallel(), r = l.replicate(), n = l.world_size();
-  require(tp > 0 && r > 0 && n > 0, "world_size, replicate and tensor_parallel must be positive");
-  require(n % (tp * r) == 0, "replicate x tensor_parallel (" + std::to_string(r) + " x " + std::to_string(tp) +
-                                 ") must divide world_size " + std::to_string(n));
+  check_layout(l);
+  const int64_t tp = l.tensor_parallel();
   require(kv_heads_of(m) % tp == 0 && ffn_of(m) % tp == 0 && m.vocab() % tp == 0,
           "tensor_parallel " + std::to_string(tp) + " must divide kv_heads " + std::to_string(kv_heads_of(m)) +
               ", the ffn hidden size " + std::to_string(ffn_of(m)) + " and vocab " + std::to_string(m.vocab()));
-  require(l.rank() >= 0 && l.rank() < n / (tp * r),
-          "rank " + std::to_string(l.rank()) + " is outside the shard group of " + std::to_string(n / (tp * r)));
   require(!(m.tied_embeddings() && tp > 1), "tied embeddings with tensor_parallel > 1 are not modelled");
 }
 

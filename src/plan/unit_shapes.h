@@ -23,6 +23,8 @@ std::vector<std::vector<ParamShape>> unit_params(const ModelShape& model, int64_
 // Sizes of one unit sharded over `shard_group` ranks, as seen by `rank`.
 UnitPlan shard_unit(const std::string& name, const std::vector<ParamShape>& params, int64_t shard_group, int64_t rank);
 
+// Checks the layout makes sense (degrees divide the world, the rank is in the shard group).
+void check_layout(const ParallelLayout& layout);
 // Checks the shape and layout make sense (heads divide dim, degrees divide the world, ...):
 // throws fsdpp::Error naming the offending value.
 void check_shape_and_layout(const ModelShape& model, const ParallelLayout& layout);

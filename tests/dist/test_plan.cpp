@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -201,6 +202,37 @@ TEST_P(PlanAgainstMeasurement, EveryLineOfBenchFsdp) {
         }
       },
       options);
+}
+
+// A model given by its parameter list (plan::units_of): a transformer whose output projection is
+// tied to the token embedding (one parameter in two modules), its units' sizes, held state and
+// bytes on the wire against fully_shard's.
+TEST_P(PlanAgainstMeasurement, ParameterListOfATiedTransformer) {
+  testing::run_ranks(GetParam(), [](testing::RankContext& ctx) {
+    TransformerArgs args = test_model();
+    args.weight_tying = true;
+    torch::manual_seed(0);
+    Transformer plain(args);
+    const auto units = plan::units_of(*plain, *ModuleWrapPolicy<TransformerBlockImpl>());
+    const plan::StepPlan p = plan::plan_units(units, plan::ParallelLayout().world_size(ctx.world_size).rank(ctx.rank));
+    auto model = fully_shard(plain, FullyShardOptions().auto_wrap_policy(ModuleWrapPolicy<TransformerBlockImpl>()));
+    const auto fsdp = fsdp_units(*model);
+    ASSERT_EQ(fsdp.size(), p.units.size());
+    for (size_t i = 0; i < fsdp.size(); ++i)
+      EXPECT_EQ(fsdp[i]->unsharded_padded_numel(), p.units[i].unsharded_padded_numel) << "unit " << i;
+    double parameters = 0;
+    std::set<const void*> seen;  // parameters() lists the tied weight under both names
+    for (const auto& t : model->parameters())
+      if (seen.insert(t.unsafeGetTensorImpl()).second) parameters += static_cast<double>(t.nbytes());
+    EXPECT_EQ(p.parameters, parameters);
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    const at::Tensor tokens = torch::randint(args.vocab_size, {kLocalBatch, args.max_seq_len}, torch::kLong);
+    CommDebugMode comm;
+    opt.zero_grad();
+    language_model_loss(model->forward(tokens), tokens).backward();
+    EXPECT_EQ(p.all_gather_bytes, comm.bytes_sent("all_gather_into_tensor"));
+    EXPECT_EQ(p.reduce_scatter_bytes, comm.bytes_sent("reduce_scatter_tensor"));
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(, PlanAgainstMeasurement, ::testing::Range(1, 9), testing::world_size_name);

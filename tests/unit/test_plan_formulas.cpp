@@ -2,11 +2,14 @@
 // here by hand. PlanAgainstMeasurement (tests/dist/test_plan.cpp) checks the rest against FSDP.
 #include <gtest/gtest.h>
 
+#include <fsdpp/deferred_init.h>
 #include <fsdpp/error.h>
 #include <fsdpp/plan.h>
+#include <fsdpp/wrap_policy.h>
 
 #include "plan/transformer_tape.h"
 #include "plan/unit_shapes.h"
+#include "transformer.h"
 
 namespace fsdpp::plan {
 namespace {
@@ -121,6 +124,44 @@ TEST(PlanFormulas, LargestFittingModelFitsAndOneMoreLayerDoesNot) {
   ASSERT_GT(layers, 0);
   EXPECT_LE(plan_step(ModelShape(m).layers(layers), l).step_peak, limit);
   EXPECT_GT(plan_step(ModelShape(m).layers(layers + 1), l).step_peak, limit);
+}
+
+// The parameter list of the module itself, cut as ModuleWrapPolicy<Block> cuts it, plans the same
+// state and traffic as the shape description: at bench_fsdp's size built normally, and at a 64 B
+// parameter size built under deferred_init (meta tensors: shapes, no memory).
+TEST(PlanFormulas, ModuleParameterListPlansAsTheShape) {
+  auto check = [](const examples::Transformer& model, const ModelShape& shape) {
+    const auto units = units_of(*model, *ModuleWrapPolicy<examples::TransformerBlockImpl>());
+    ASSERT_EQ(units.size(), static_cast<size_t>(1 + shape.layers()));
+    EXPECT_EQ(units[0].shapes.size(), 5u);  // tok, pos, norm weight and bias, output
+    EXPECT_EQ(units[1].shapes.size(), 12u);
+    for (int64_t n : {1, 3, 8, 4096}) {
+      const auto layout = ParallelLayout().world_size(n);
+      const StepPlan from_module = plan_units(units, layout), from_shape = plan_step(shape, layout);
+      EXPECT_EQ(from_module.parameters, from_shape.parameters) << n;
+      EXPECT_EQ(from_module.optimizer_state, from_shape.optimizer_state) << n;
+      EXPECT_EQ(from_module.held, from_shape.held) << n;
+      EXPECT_EQ(from_module.largest_unit, from_shape.largest_unit) << n;
+      EXPECT_EQ(from_module.root_unit, from_shape.root_unit) << n;
+      EXPECT_EQ(from_module.all_gather_bytes, from_shape.all_gather_bytes) << n;
+      EXPECT_EQ(from_module.reduce_scatter_bytes, from_shape.reduce_scatter_bytes) << n;
+    }
+  };
+  auto args_of = [](const ModelShape& m) {
+    examples::TransformerArgs a;
+    a.n_layers = m.layers();
+    a.dim = m.dim();
+    a.vocab_size = m.vocab();
+    a.max_seq_len = m.seq();
+    a.n_heads = m.heads();
+    return a;
+  };
+  check(examples::Transformer(args_of(kBench)), kBench);
+  const ModelShape large = ModelShape().layers(80).dim(8192).heads(64).vocab(128256).seq(8192);
+  check(deferred_init([&] { return examples::Transformer(args_of(large)); }), large);
+  EXPECT_GT(total_parameters(large), 64'000'000'000);
+  const auto units = units_of(*examples::Transformer(args_of(kBench)), *ModuleWrapPolicy<examples::TransformerBlockImpl>());
+  EXPECT_THROW(plan_units(units, ParallelLayout().world_size(4).tensor_parallel(2)), Error);
 }
 
 TEST(PlanFormulas, MisuseNamesTheValue) {
