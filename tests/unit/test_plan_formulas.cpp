@@ -138,13 +138,10 @@ TEST(PlanFormulas, ModuleParameterListPlansAsTheShape) {
     for (int64_t n : {1, 3, 8, 4096}) {
       const auto layout = ParallelLayout().world_size(n);
       const StepPlan from_module = plan_units(units, layout), from_shape = plan_step(shape, layout);
-      EXPECT_EQ(from_module.parameters, from_shape.parameters) << n;
-      EXPECT_EQ(from_module.optimizer_state, from_shape.optimizer_state) << n;
-      EXPECT_EQ(from_module.held, from_shape.held) << n;
-      EXPECT_EQ(from_module.largest_unit, from_shape.largest_unit) << n;
-      EXPECT_EQ(from_module.root_unit, from_shape.root_unit) << n;
-      EXPECT_EQ(from_module.all_gather_bytes, from_shape.all_gather_bytes) << n;
-      EXPECT_EQ(from_module.reduce_scatter_bytes, from_shape.reduce_scatter_bytes) << n;
+      for (int64_t StepPlan::*line : {&StepPlan::parameters, &StepPlan::optimizer_state, &StepPlan::held,
+                                      &StepPlan::largest_unit, &StepPlan::root_unit, &StepPlan::all_gather_bytes,
+                                      &StepPlan::reduce_scatter_bytes})
+        EXPECT_EQ(from_module.*line, from_shape.*line) << n;
     }
   };
   auto args_of = [](const ModelShape& m) {
