@@ -147,9 +147,9 @@ StepPlan plan_step(const ModelShape& model, const ParallelLayout& layout) { retu
 StepPlan plan_units(const std::vector<UnitShapes>& units, const ParallelLayout& layout) {
   detail::check_layout(layout);
   if (layout.tensor_parallel() != 1)
-    throw Error("fsdpp-plan: a parameter list is planned without tensor parallelism (tensor_parallel " +
+    throw Error("plan: a parameter list is planned without tensor parallelism (tensor_parallel " +
                 std::to_string(layout.tensor_parallel()) + ")");
-  if (units.empty()) throw Error("fsdpp-plan: no units (the root comes first, even when it holds no parameters)");
+  if (units.empty()) throw Error("plan: no units (the root comes first, even when it holds no parameters)");
   std::vector<std::vector<detail::ParamShape>> params;
   std::vector<std::string> names;
   for (const auto& unit : units) {

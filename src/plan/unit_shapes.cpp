@@ -62,7 +62,7 @@ UnitPlan shard_unit(const std::string& name, const std::vector<ParamShape>& para
 
 namespace {
 void require(bool ok, const std::string& what) {
-  if (!ok) throw Error("fsdpp-plan: " + what);
+  if (!ok) throw Error("plan: " + what);
 }
 }  // namespace
 
