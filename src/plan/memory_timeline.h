@@ -1,0 +1,34 @@
+#pragma once
+// Live bytes of one rank through a replayed step, by what they are, with the peak and what was
+// alive at it: the counting allocator's current and peak bytes (include/fsdpp/memory.h), split.
+#include <array>
+#include <cstdint>
+
+namespace fsdpp::plan::detail {
+
+enum class Bytes {
+  kGatheredParams,   // unsharded parameters of units computing (the root through backward)
+  kUnitGrads,        // unsharded parameter gradients before their reduce-scatter
+  kCommBuffers,      // prefetched gathers, reduce-scatter inputs and outputs
+  kActivations,      // tensors autograd saved
+  kTemporaries,      // forward temporaries and activation gradients
+  kGradShards,       // the sharded .grad the optimizer reads (dropped by zero_grad)
+  kCount
+};
+
+class MemoryTimeline {
+ public:
+  void alloc(Bytes kind, int64_t bytes);
+  void free(Bytes kind, int64_t bytes);
+  void move(Bytes from, Bytes to, int64_t bytes);
+  int64_t live() const { return live_; }
+  int64_t peak() const { return peak_; }
+  int64_t of(Bytes kind) const { return by_kind_[static_cast<size_t>(kind)]; }
+  int64_t at_peak(Bytes kind) const { return at_peak_[static_cast<size_t>(kind)]; }
+
+ private:
+  int64_t live_ = 0, peak_ = 0;
+  std::array<int64_t, static_cast<size_t>(Bytes::kCount)> by_kind_{}, at_peak_{};
+};
+
+}  // namespace fsdpp::plan::detail

@@ -1,0 +1,51 @@
+#pragma once
+// Replays one training step's allocations on one rank: the tape's forward and backward
+// (autograd_tape.h) interleaved with fully_shard's schedule as src/fsdp/ runs it. Forward: the
+// root gathers itself and prefetches the first block; each block waits for its gather, then
+// prefetches the next; blocks reshard after forward, the root stays gathered. Backward: a unit's
+// pre-backward waits for its gather and (by the prefetch mode) gathers the next unit to run
+// backward; its post-backward finalizes the previous unit's reduce-scatter (the gradient shard
+// copied out, the output freed), reshards, packs the reduce-scatter input (then the unsharded
+// gradients go), allocates the output and frees the input once exchanged; the root's
+// post-backward and the last finalize run in the final callback. A collective is taken to finish
+// before the next one on the same comm thread starts.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fsdpp/plan.h>
+
+#include "plan/autograd_tape.h"
+
+namespace fsdpp::plan::detail {
+
+struct UnitBytes {
+  int64_t gathered = 0;         // unsharded padded, param dtype
+  int64_t gather_input = 0;     // a cast or host->device copy of the shard, 0 when it is the shard
+  int64_t grads = 0;            // unsharded gradients (param dtype)
+  int64_t reduce_input = 0;     // unsharded padded, reduce dtype
+  int64_t reduce_output = 0;    // shard padded, reduce dtype
+  int64_t grad_shard = 0;       // the rank's .grad on the device (0 under CPU offload)
+};
+
+struct ReplayOptions {
+  bool reshard_after_forward = true;
+  bool activation_checkpointing = false;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
+  // Whether a reduce-scatter has finished when its unit's post-backward ends (a group of one:
+  // a copy); otherwise its output waits for the next unit's post-backward.
+  bool reduce_done_at_issue = false;
+  bool trace = false;  // record live bytes after each op and FSDP event
+};
+
+struct ReplayResult {
+  int64_t forward_peak = 0, after_forward = 0, backward_peak = 0, activations = 0;
+  int64_t at_peak_params = 0, at_peak_grads = 0, at_peak_comm = 0, at_peak_activations = 0, at_peak_temporaries = 0;
+  std::vector<std::pair<std::string, int64_t>> trace;  // (event, live bytes after it)
+};
+
+// units[0] is the root, units[1 + i] block i (the tape's unit numbers).
+ReplayResult replay_step(const Tape& tape, const std::vector<UnitBytes>& units, const ReplayOptions& options);
+
+}  // namespace fsdpp::plan::detail
