@@ -98,29 +98,38 @@ int main(int argc, char** argv) {
   auto fsdp_step = [&] { train_step(model, opt); };
   fsdp_step();  // Adam state exists from here on
   // The peaks of a training step (not of building the model, which is whole on every rank
-  // until it is sharded), counted from the tensors alive between steps.
+  // until it is sharded), counted from the tensors alive between steps (parameters, gradients
+  // and optimizer state: `base`). As a training loop does, the gradients are dropped by
+  // zero_grad() (libtorch sets them to none) and backward creates them again; or, with
+  // `zero_in_place`, zeroed and kept, so they are alive throughout. Activations are counted
+  // from after that.
   struct StepPeaks {
-    double forward_peak, after_forward, backward_peak;
+    double forward_peak, after_forward, backward_peak;  // above `base`
+    double forward_holds;                               // above what zeroing left: activations + the root
   };
   int64_t base = 0;
-  auto probe_peaks = [&](auto& m, torch::optim::Optimizer& o) {
-    // Zeroed, not dropped (libtorch's zero_grad sets them to none): the gradient shards are
-    // state held between steps, and backward adds into them.
-    for (auto& p : m->parameters())
-      if (p.grad().defined()) p.mutable_grad().zero_();
+  auto probe_peaks = [&](auto& m, torch::optim::Optimizer& o, bool zero_in_place) {
     fsdpp::reset_peak_memory_stats();
     base = fsdpp::memory_stats().current_bytes;
+    if (zero_in_place) {
+      for (auto& p : m->parameters())
+        if (p.grad().defined()) p.mutable_grad().zero_();
+    } else {
+      o.zero_grad();
+    }
+    const int64_t zeroed = fsdpp::memory_stats().current_bytes;
     at::Tensor loss = language_model_loss(m->forward(tokens), targets);
     StepPeaks peaks{};
     peaks.forward_peak = fsdpp::memory_stats().peak_bytes - base;
     peaks.after_forward = fsdpp::memory_stats().current_bytes - base;
+    peaks.forward_holds = fsdpp::memory_stats().current_bytes - zeroed;
     loss.backward();
     peaks.backward_peak = fsdpp::memory_stats().peak_bytes - base;
     loss = at::Tensor();
     o.step();
     return peaks;
   };
-  const auto [forward_peak, after_forward, backward_peak] = probe_peaks(model, opt);
+  const auto [forward_peak, after_forward, backward_peak, forward_holds] = probe_peaks(model, opt, false);
   const double fsdp_peak = fsdpp::memory_stats().peak_bytes;
   const double fsdp_transient = fsdp_peak - base;
   const double fsdp_state = state_bytes(model->parameters());
@@ -160,25 +169,28 @@ int main(int argc, char** argv) {
       unit->set_modules_to_backward_prefetch({});
     }
   const double no_prefetch_time = median_step(fsdp_step, args.warmup, args.steps, &world);
-  const double no_prefetch_backward_peak = probe_peaks(model, opt).backward_peak;
+  const double no_prefetch_backward_peak = probe_peaks(model, opt, false).backward_peak;
 
   // Other backward prefetch timings, on the transformer as above and on its stages with the two
   // ends units of their own (the root then holds no parameters through backward).
   struct Variant {
     std::string label;
     double time, backward_peak, act, root;
+    double backward_peak_in_place, act_in_place;  // gradients zeroed in place
   };
   std::vector<Variant> variants;
   auto measure = [&](const std::string& label, auto m) {
     torch::optim::Adam o(m->parameters(), torch::optim::AdamOptions(1e-4));
     train_step(m, o);
-    const StepPeaks peaks = probe_peaks(m, o);
+    const StepPeaks peaks = probe_peaks(m, o, false);
+    const StepPeaks in_place = probe_peaks(m, o, true);
     double root = 0;
     for (const auto& module : m->modules())
       if (auto* unit = dynamic_cast<fsdpp::FSDPModule*>(module.get()))
         if (unit->is_root()) root = unit->unsharded_padded_numel() * 4.0;
     const double time = median_step([&] { train_step(m, o); }, args.warmup, args.steps, &world);
-    variants.push_back({label, time, peaks.backward_peak, peaks.after_forward - root, root});
+    variants.push_back({label, time, peaks.backward_peak, peaks.forward_holds - root, root, in_place.backward_peak,
+                        in_place.forward_holds - root});
   };
   using fsdpp::BackwardPrefetch;
   const auto pre = fsdpp::FullyShardOptions().backward_prefetch(BackwardPrefetch::BACKWARD_PRE);
@@ -253,7 +265,7 @@ int main(int argc, char** argv) {
                 mib(forward_peak), mib(after_forward), mib(backward_peak));
     // Issue 14's bound: activations + 2 x the largest unit (one computing, one prefetched).
     // Activations = what forward leaves beyond the root's unsharded parameters.
-    const double act = after_forward - root_unit, u = largest_unit;
+    const double act = forward_holds - root_unit, u = largest_unit;
     // The root stays gathered through backward (as in FSDP2), so it is counted beside act.
     std::printf("  in units U = %.3f MiB: activations %.2f U, root %.2f U; forward peak %.2f U = act + root + %.2f U; "
                 "backward peak %.2f U = act + root + %.2f U; backward peak / (act + 2 U) = %.2f\n",
@@ -276,9 +288,10 @@ int main(int argc, char** argv) {
                                            [](const auto& a, const auto& b) { return a.second < b.second; });
     for (const auto& v : variants)
       if (v.label == default_label)
-        std::printf("step peak / bound (%s): %.3f; step %.2f ms, %.3f of the fastest (%s, %.2f ms)\n", v.label.c_str(),
-                    v.backward_peak / (v.act + 2 * u), v.time * 1e3, v.time / fastest.second, fastest.first.c_str(),
-                    fastest.second * 1e3);
+        std::printf("step peak / bound (%s): %.3f (gradients zeroed in place: %.3f); step %.2f ms, %.3f of the fastest "
+                    "(%s, %.2f ms)\n",
+                    v.label.c_str(), v.backward_peak / (v.act + 2 * u), v.backward_peak_in_place / (v.act_in_place + 2 * u),
+                    v.time * 1e3, v.time / fastest.second, fastest.first.c_str(), fastest.second * 1e3);
     std::printf("step time (median): FSDP %.2f ms, FSDP without prefetch %.2f ms, DDP %.2f ms, single process %.2f ms\n",
                 fsdp_time * 1e3, no_prefetch_time * 1e3, ddp_time * 1e3, single_time * 1e3);
     std::printf("minor page faults per step (rank 0): FSDP %.0f, DDP %.0f; allocator cache %s\n", fsdp_faults,

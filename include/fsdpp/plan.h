@@ -41,7 +41,8 @@ enum class Optimizer { kAdam, kSGD, kSGDMomentum };
 // BACKWARD_PRE: a unit's pre-backward gathers the next unit to run backward; kNone: each unit
 // gathers at its own pre-backward; kBounded: BACKWARD_PRE only while (live bytes + this unit's
 // gradients + the prefetched unit) stays within (live bytes at the end of forward + 2 x the
-// largest unit), as the engine's bounded default.
+// largest unit). That approximates the engine's default, BACKWARD_PRE_WITHIN_BOUND, which
+// decides from each unit's measured peak in the first backward (docs/api.md).
 enum class BackwardPrefetch { kBackwardPre, kNone, kBounded };
 
 struct ModelShape {
