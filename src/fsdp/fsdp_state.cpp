@@ -261,7 +261,7 @@ void FSDPState::decide_backward_prefetch(FSDPRootContext& context,
   std::unordered_map<const FSDPState*, size_t> index;
   for (size_t i = 0; i < states.size(); ++i) index[states[i].get()] = i;
   std::vector<int32_t> fits(states.size(), 0);
-  std::unordered_map<const FSDPState*, int64_t> held_over;  // a reduce-scatter input in its window
+  std::unordered_map<const FSDPState*, int64_t> held_over;  // a reduce-scatter's buffers in its window
   for (const auto& w : context.measured_order) {
     const auto s = w.lock();
     const auto target = s ? s->backward_prefetch_target_.lock() : nullptr;
