@@ -1,7 +1,10 @@
 #pragma once
 // CPU tensor memory of this process, counted by fsdpp's CPU allocator (installed when
-// libfsdpp loads; tensors allocated before that are not counted).
+// libfsdpp loads; tensors allocated before that are not counted); a CUDA device's, from
+// PyTorch's CUDA caching allocator.
 #include <cstdint>
+
+#include <c10/core/Device.h>
 
 namespace fsdpp {
 
@@ -15,6 +18,12 @@ struct MemoryStats {
 MemoryStats memory_stats();
 // Sets the peak to the current value, like torch.cuda.reset_peak_memory_stats().
 void reset_peak_memory_stats();
+// The same for `device`: the CPU's as above; a CUDA device's (index -1: the current one) as
+// torch.cuda.memory_stats(device) counts them: current_bytes its "allocated_bytes.all.current",
+// peak_bytes their peak, num_allocations its allocations, cached_bytes what it reserved beyond
+// what is allocated. A CUDA device with a libfsdpp built without CUDA throws fsdpp::Error.
+MemoryStats memory_stats(const c10::Device& device);
+void reset_peak_memory_stats(const c10::Device& device);
 // Freed blocks of 64 KiB and more are kept for reuse by the next allocation of the same size,
 // up to the highest current_bytes ever reached (docs/api.md, "Memory").
 // empty_cache() returns them to the system, like torch.cuda.empty_cache().

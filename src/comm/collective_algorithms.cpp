@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "comm/device_collectives.h"
 #include "comm/gloo_ring_order.h"
 #include "comm/process_group_impl.h"
 #include "comm/shm_transport.h"
@@ -175,6 +176,9 @@ void run_all_reduce_by_scatter_gather(const ProcessGroupImpl& g, const at::Tenso
   flat.copy_(padded.narrow(0, 0, numel));
 }
 
+
+}  // namespace
+
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::MIN: return c10d::ReduceOp::MIN;
@@ -182,8 +186,6 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
     default: return c10d::ReduceOp::SUM;  // AVG divides afterwards
   }
 }
-
-}  // namespace
 
 // A view of the same bytes as a dtype Gloo accepts (it rejects bfloat16 and int16), for
 // collectives that only move bytes: no arithmetic happens on them.
@@ -209,6 +211,7 @@ bool gloo_can_reduce(at::ScalarType t) {
 // all_gather as N-1 concurrent point-to-point exchanges straight into output's chunks:
 // no staging copy, and each rank sends its input once to each peer, (N-1)/N of output.
 void run_all_gather(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input) {
+  if (on_device(input)) return run_device_all_gather(g, output, input);
   if (auto* shm = shm_transport(g)) return shm->all_gather(output, input);
   const int n = g.size(), r = g.rank;
   at::Tensor chunks = as_wire(output).view({n, -1});
@@ -230,6 +233,7 @@ void run_all_gather(const ProcessGroupImpl& g, const at::Tensor& output, const a
 // comm thread.
 void run_all_gather_into_layout(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input,
                                 const GatherLayout& layout) {
+  if (on_device(input)) return run_device_all_gather_into_layout(g, output, input, layout);
   void* out = output.data_ptr();
   const size_t element = input.element_size();
   const int64_t block = input.numel();
@@ -244,6 +248,7 @@ void run_all_gather_into_layout(const ProcessGroupImpl& g, const at::Tensor& out
 }
 
 void run_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  if (on_device(input)) return run_device_reduce_scatter(g, output, input, op);
   if (g.size() == 1) {
     output.reshape({-1}).copy_(input.reshape({-1}));
     return;
@@ -266,6 +271,7 @@ void run_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, con
 }
 
 void run_all_reduce(const ProcessGroupImpl& g, const at::Tensor& tensor, ReduceOp op) {
+  if (on_device(tensor)) return run_device_all_reduce(g, tensor, op);
   if (g.size() == 1) return;
   const bool native = gloo_can_reduce(tensor.scalar_type());
   if (auto* shm = shm_transport(g)) {
@@ -283,6 +289,7 @@ void run_all_reduce(const ProcessGroupImpl& g, const at::Tensor& tensor, ReduceO
 }
 
 void run_broadcast(const ProcessGroupImpl& g, const at::Tensor& tensor, int root_group_rank) {
+  if (on_device(tensor)) return run_device_broadcast(g, tensor, root_group_rank);
   if (g.size() == 1) return;
   std::vector<at::Tensor> tensors{as_wire(tensor)};
   c10d::BroadcastOptions options;
@@ -293,6 +300,7 @@ void run_broadcast(const ProcessGroupImpl& g, const at::Tensor& tensor, int root
 
 void run_all_to_all(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input,
                     std::vector<int64_t> output_elements, std::vector<int64_t> input_elements) {
+  if (on_device(input)) return run_device_all_to_all(g, output, input, output_elements, input_elements);
   at::Tensor out = as_wire(output), in = as_wire(input);
   g.backend->alltoall_base(out, in, output_elements, input_elements)->wait(g.timeout);
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <fsdpp/collectives.h>
 
@@ -21,8 +22,11 @@ struct ProcessGroupImpl;
 at::Tensor as_wire(const at::Tensor& t);
 // Whether Gloo's all_reduce sums this dtype itself (not bfloat16, int16, bool, complex).
 bool gloo_can_reduce(at::ScalarType t);
+// c10d's op for a reduction; AVG is a SUM the caller divides.
+c10d::ReduceOp to_c10d(ReduceOp op);
 
 // Each runs the whole exchange over `g` (a member) and returns when it is done; AVG divides.
+// Accelerator tensors go through comm/device_collectives.h.
 void run_all_reduce(const ProcessGroupImpl& g, const at::Tensor& tensor, ReduceOp op);
 void run_broadcast(const ProcessGroupImpl& g, const at::Tensor& tensor, int root_group_rank);
 void run_all_gather(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input);

@@ -67,7 +67,8 @@ class TraceRun {
 
 // Numbering and counting happen in the caller's thread, so they follow issue order.
 Work submit(const ProcessGroupImpl& g, CollectiveKind kind, CollectiveIntent intent, int64_t bytes_sent,
-            const std::string& what, bool async_op, std::function<void()> run, Work after) {
+            const std::string& what, bool async_op, std::function<void()> run, Work after,
+            DeviceHandoff handoff) {
   const int64_t seq = g.next_seq++;
   intent.fields[CollectiveIntent::kKind] = kind;
   intent.fields[CollectiveIntent::kSeq] = seq;
@@ -79,7 +80,7 @@ Work submit(const ProcessGroupImpl& g, CollectiveKind kind, CollectiveIntent int
   auto issued = profiler::detail::recording() ? trace_issue(trace_name, description) : TraceIssue{};
   auto state = g.comm_thread->enqueue(description, [&g, check, seq, description, intent = std::move(intent),
                                                     run = std::move(run), trace_name, issued, bytes_sent,
-                                                    after = std::move(after)] {
+                                                    after = std::move(after), handoff = std::move(handoff)] {
     try {
       after.wait();
     } catch (const std::exception& e) {
@@ -88,7 +89,7 @@ Work submit(const ProcessGroupImpl& g, CollectiveKind kind, CollectiveIntent int
     TraceRun traced(g, trace_name, description, issued, bytes_sent);
     try {
       if (check) check_intent(g, intent);
-      run();
+      handoff.run(g, run);
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {

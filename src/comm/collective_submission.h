@@ -11,6 +11,7 @@
 #include <fsdpp/work.h>
 
 #include "comm/collective_intent.h"
+#include "comm/device_collectives.h"
 
 namespace fsdpp::detail {
 
@@ -21,8 +22,10 @@ struct ProcessGroupImpl;
 // group's comm thread then waits for `after` (a chained collective; outside its span of the
 // timeline), checks `intent` across ranks when the group's check_collectives is on, and runs
 // `run`. `what` describes its arguments in messages: "all_reduce(<what>) #3 on group world
-// (rank 0 of 2)". Waits for it unless `async_op`.
+// (rank 0 of 2)". Waits for it unless `async_op`. A collective of accelerator tensors passes the
+// `handoff` of its issuing thread's stream (comm/device_collectives.h), which `run` runs within.
 Work submit(const ProcessGroupImpl& g, CollectiveKind kind, CollectiveIntent intent, int64_t bytes_sent,
-            const std::string& what, bool async_op, std::function<void()> run, Work after = Work());
+            const std::string& what, bool async_op, std::function<void()> run, Work after = Work(),
+            DeviceHandoff handoff = DeviceHandoff());
 
 }  // namespace fsdpp::detail

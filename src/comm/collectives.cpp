@@ -52,6 +52,12 @@ void require_same_dtype(const at::Tensor& output, const at::Tensor& input, const
                 " differ in dtype");
 }
 
+void require_same_device(const at::Tensor& output, const at::Tensor& input, const char* collective) {
+  if (output.device() != input.device())
+    throw Error(std::string(collective) + ": output " + shape_of(output) + " is on " + output.device().str() +
+                " and input " + shape_of(input) + " on " + input.device().str());
+}
+
 // all_gather's output, reduce_scatter's input: the group's size times the other tensor.
 void require_group_times(const ProcessGroupImpl& g, const at::Tensor& whole, const char* whole_role,
                          const at::Tensor& part, const char* part_role, const char* collective) {
@@ -109,7 +115,7 @@ Work all_reduce_impl(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& 
     detail::run_all_reduce(g, tensor, op);
   };
   return submit(g, detail::kAllReduce, intent, wire, shape_of(tensor) + ", " + to_string(op), async_op, std::move(run),
-                std::move(after));
+                std::move(after), detail::DeviceHandoff::at_issue(tensor));
 }
 
 }  // namespace
@@ -139,7 +145,8 @@ Work broadcast(const at::Tensor& tensor, int src, const ProcessGroup& group, boo
   intent.fields[CollectiveIntent::kRoot] = src;
   const int64_t bytes = detail::tree_broadcast_sends(g.rank, root, g.size()) * tensor.numel() * tensor.element_size();
   return submit(g, detail::kBroadcast, intent, bytes, shape_of(tensor) + ", src " + std::to_string(src), async_op,
-                [&g, tensor, root] { detail::run_broadcast(g, tensor, root); });
+                [&g, tensor, root] { detail::run_broadcast(g, tensor, root); }, Work(),
+                detail::DeviceHandoff::at_issue(tensor));
 }
 
 namespace {
@@ -152,6 +159,7 @@ Work all_gather_into_tensor_impl(const at::Tensor& output, const at::Tensor& inp
   require_tensor(output, name, "output");
   require_tensor(input, name, "input");
   require_same_dtype(output, input, name);
+  require_same_device(output, input, name);
   require_group_times(g, output, "output", input, "input", name);
   CollectiveIntent intent = intent_of(input.scalar_type(), input.numel(), output.numel());
   const int64_t bytes = (g.size() - 1) * input.numel() * input.element_size();
@@ -162,7 +170,7 @@ Work all_gather_into_tensor_impl(const at::Tensor& output, const at::Tensor& inp
                     detail::run_all_gather_into_layout(g, output, input, *layout);
                   else
                     detail::run_all_gather(g, output, input);
-                });
+                }, Work(), detail::DeviceHandoff::at_issue(input));
 }
 
 }  // namespace
@@ -198,6 +206,7 @@ Work reduce_scatter_tensor_impl(const at::Tensor& output, const at::Tensor& inpu
   require_tensor(input, name, "input");
   require_op_for(op, input.scalar_type(), name);
   require_same_dtype(output, input, name);
+  require_same_device(output, input, name);
   require_group_times(g, input, "input", output, "output", name);
   CollectiveIntent intent = intent_of(input.scalar_type(), input.numel(), output.numel(), static_cast<int64_t>(op));
   const int64_t bytes = (g.size() - 1) * output.numel() * output.element_size();
@@ -206,7 +215,7 @@ Work reduce_scatter_tensor_impl(const at::Tensor& output, const at::Tensor& inpu
                 [&g, output, input, op, done = std::move(done)] {
                   detail::run_reduce_scatter(g, output, input, op);
                   if (done) done();
-                });
+                }, Work(), detail::DeviceHandoff::at_issue(input));
 }
 
 }  // namespace
@@ -232,6 +241,7 @@ Work all_to_all_single(const at::Tensor& output, const at::Tensor& input, const 
   require_tensor(output, name, "output");
   require_tensor(input, name, "input");
   require_same_dtype(output, input, name);
+  require_same_device(output, input, name);
   const int n = g.size();
   // Rows of dim 0 -> elements, validated against the tensors.
   auto to_elements = [&](const at::Tensor& t, std::vector<int64_t> splits, const char* role) {
@@ -264,7 +274,7 @@ Work all_to_all_single(const at::Tensor& output, const at::Tensor& input, const 
   return submit(g, detail::kAllToAll, intent, bytes, "output " + shape_of(output) + ", input " + shape_of(input), async_op,
                 [&g, output, input, out_elems, in_elems] {
                   detail::run_all_to_all(g, output, input, out_elems, in_elems);
-                });
+                }, Work(), detail::DeviceHandoff::at_issue(input));
 }
 
 Work barrier(const ProcessGroup& group, bool async_op) {

@@ -16,11 +16,41 @@
 #include "comm/error_message.h"
 #include "comm/local_address.h"
 #include "comm/process_group_impl.h"
+#include "compat/cuda_runtime.h"
 #include "compat/tcp_store_options.h"
 #include "profiler/timeline.h"
 
 namespace fsdpp {
 namespace {
+
+// What carries CUDA tensors under a backend string, in PyTorch's forms: "gloo" (CPU and CUDA
+// tensors over Gloo), "nccl", and device:backend pairs such as "cpu:gloo,cuda:nccl". fsdpp's own
+// exchanges (metadata, the intent check) and CPU tensors always go over Gloo, so "nccl" alone
+// takes CPU tensors too, where PyTorch's would refuse them.
+enum class DeviceBackend { kGloo, kNccl };
+
+DeviceBackend device_backend_of(const std::string& backend) {
+  const std::string expected = "'gloo', 'nccl' or device:backend pairs such as 'cpu:gloo,cuda:nccl'";
+  if (backend == "gloo") return DeviceBackend::kGloo;
+  if (backend == "nccl") return DeviceBackend::kNccl;
+  if (backend.find(':') == std::string::npos)
+    throw Error("backend '" + backend + "' is not available: fsdpp takes " + expected);
+  DeviceBackend cuda = DeviceBackend::kGloo;
+  std::stringstream pairs(backend);
+  for (std::string pair; std::getline(pairs, pair, ',');) {
+    const auto colon = pair.find(':');
+    const std::string device = pair.substr(0, colon);
+    const std::string name = colon == std::string::npos ? "" : pair.substr(colon + 1);
+    if (device == "cpu" && name == "gloo") continue;
+    if (device == "cuda" && (name == "gloo" || name == "nccl")) {
+      cuda = name == "nccl" ? DeviceBackend::kNccl : DeviceBackend::kGloo;
+      continue;
+    }
+    throw Error("backend '" + backend + "': '" + pair + "' is not available: fsdpp takes " + expected +
+                " (cpu tensors over gloo, cuda tensors over gloo or nccl)");
+  }
+  return cuda;
+}
 
 using detail::list_ranks;
 using detail::message_without_backtrace;
@@ -243,7 +273,11 @@ void connect(detail::ProcessGroupImpl& g, bool local_only, std::chrono::millisec
   // As PyTorch's store-based barrier: nobody leaves before everyone is connected, or a rank
   // that finishes early would close connections a peer is still setting up.
   wait_for_members(g, prefixed, "connected", g.timeout);
-  g.c10d_group = compat::as_process_group(g.backend, prefixed);
+  const bool nccl = device_backend_of(g.backend_name) == DeviceBackend::kNccl;
+  g.device_backend = nccl ? compat::make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>("nccl/", prefixed), g.rank,
+                                                      g.size(), g.timeout)
+                          : g.backend;
+  g.c10d_group = compat::as_process_group(g.backend, prefixed, g.device_backend, nccl);
 }
 
 // A child of `parent` over the sorted global `ranks`, named `name`: connected, with its comm
@@ -383,10 +417,7 @@ ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
 }
 
 ProcessGroup init_process_group(const InitProcessGroupOptions& options) {
-  if (options.backend() != "gloo") {
-    throw Error("backend '" + options.backend() + "' is not available: fsdpp runs its collectives on 'gloo' only" +
-                (options.backend() == "nccl" ? " so far (CPU tensors; NCCL and CUDA devices are not supported yet)" : ""));
-  }
+  device_backend_of(options.backend());  // a misspelt backend fails before the rendezvous
   // One deadline for the whole rendezvous: store, arrival of every rank.
   const std::chrono::milliseconds timeout = timeout_from(options.timeout());
   const auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -5,10 +5,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/core/Stream.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <fsdpp/process_group.h>
@@ -23,9 +25,12 @@ class ShmTransport;
 
 struct ProcessGroupImpl {
   std::string name;                           // "world", "world/0", ...
-  std::string backend_name;                   // "gloo"
+  std::string backend_name;                   // as given: "gloo", "nccl", "cpu:gloo,cuda:nccl"
   c10::intrusive_ptr<c10d::Store> store;      // the world's store, unprefixed
   c10::intrusive_ptr<compat::C10dBackend> backend;  // null when not a member
+  // What carries CUDA tensors (comm/device_collectives.h): `backend` itself under "gloo",
+  // ProcessGroupNCCL under "nccl"; null when not a member.
+  c10::intrusive_ptr<compat::C10dBackend> device_backend;
   c10::intrusive_ptr<c10d::ProcessGroup> c10d_group;  // what ProcessGroup::backend() hands out
   std::vector<int> ranks;                     // global ranks of the members
   int global_rank = -1;                       // this process in the world
@@ -43,6 +48,9 @@ struct ProcessGroupImpl {
     if (!scratch_bytes.defined() || scratch_bytes.numel() < bytes) scratch_bytes = at::empty({bytes}, at::kByte);
     return scratch_bytes.narrow(0, 0, bytes);
   }
+
+  // The stream device collectives run on, made at the first one; only the comm thread touches it.
+  mutable std::optional<c10::Stream> device_stream;
 
   // The same-host transport (shm_transport.h), decided at the group's first exchange that can
   // use it; only the comm thread touches these. This and the scratch are declared before

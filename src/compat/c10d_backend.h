@@ -30,8 +30,10 @@ GlooDevice gloo_default_device();
 c10::intrusive_ptr<C10dBackend> make_gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                   int size, std::chrono::milliseconds timeout, GlooDevice device);
 
-// The c10d::ProcessGroup a PyTorch user would hold for this backend.
+// The c10d::ProcessGroup a PyTorch user would hold for these backends: `backend` (Gloo) for CPU
+// tensors, `cuda_backend` (the same Gloo one, or NCCL's when `nccl`) for CUDA tensors.
 c10::intrusive_ptr<c10d::ProcessGroup> as_process_group(const c10::intrusive_ptr<C10dBackend>& backend,
-                                                        const c10::intrusive_ptr<c10d::Store>& store);
+                                                        const c10::intrusive_ptr<c10d::Store>& store,
+                                                        const c10::intrusive_ptr<C10dBackend>& cuda_backend, bool nccl);
 
 }  // namespace fsdpp::compat

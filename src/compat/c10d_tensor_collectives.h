@@ -1,10 +1,11 @@
 #pragma once
-// c10d::ProcessGroup's single-tensor all-gather and reduce-scatter: `_allgather_base` and
+// c10d::ProcessGroup's (and c10d::Backend's) single-tensor all-gather and reduce-scatter: `_allgather_base` and
 // `_reduce_scatter_base` in 2.6, renamed `all_gather_single` / `reduce_scatter_single` in 2.15
 // (the old names deprecated). The new name is used where it exists.
 #include <utility>
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 namespace fsdpp::compat {
@@ -19,13 +20,14 @@ auto all_gather_single(Group& g, at::Tensor& out, at::Tensor& in, long) {
   return g._allgather_base(out, in);
 }
 template <typename Group>
-auto reduce_scatter_single(Group& g, at::Tensor& out, at::Tensor& in, int)
-    -> decltype(g.reduce_scatter_single(out, in)) {
-  return g.reduce_scatter_single(out, in);
+auto reduce_scatter_single(Group& g, at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& options, int)
+    -> decltype(g.reduce_scatter_single(out, in, options)) {
+  return g.reduce_scatter_single(out, in, options);
 }
 template <typename Group>
-auto reduce_scatter_single(Group& g, at::Tensor& out, at::Tensor& in, long) {
-  return g._reduce_scatter_base(out, in);
+auto reduce_scatter_single(Group& g, at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& options,
+                           long) {
+  return g._reduce_scatter_base(out, in, options);
 }
 
 }  // namespace detail
@@ -34,7 +36,16 @@ inline c10::intrusive_ptr<c10d::Work> all_gather_single(c10d::ProcessGroup& g, a
   return detail::all_gather_single(g, out, in, 0);
 }
 inline c10::intrusive_ptr<c10d::Work> reduce_scatter_single(c10d::ProcessGroup& g, at::Tensor& out, at::Tensor& in) {
-  return detail::reduce_scatter_single(g, out, in, 0);
+  return detail::reduce_scatter_single(g, out, in, c10d::ReduceScatterOptions(), 0);
+}
+
+// The same on one backend (fsdpp's device collectives call the backend, not the dispatcher).
+inline c10::intrusive_ptr<c10d::Work> all_gather_single(c10d::Backend& b, at::Tensor& out, at::Tensor& in) {
+  return detail::all_gather_single(b, out, in, 0);
+}
+inline c10::intrusive_ptr<c10d::Work> reduce_scatter_single(c10d::Backend& b, at::Tensor& out, at::Tensor& in,
+                                                            const c10d::ReduceScatterOptions& options) {
+  return detail::reduce_scatter_single(b, out, in, options, 0);
 }
 
 }  // namespace fsdpp::compat

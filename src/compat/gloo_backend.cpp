@@ -27,11 +27,14 @@ c10::intrusive_ptr<C10dBackend> make_gloo_backend(const c10::intrusive_ptr<c10d:
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> as_process_group(const c10::intrusive_ptr<C10dBackend>& backend,
-                                                        const c10::intrusive_ptr<c10d::Store>& store) {
+                                                        const c10::intrusive_ptr<c10d::Store>& store,
+                                                        const c10::intrusive_ptr<C10dBackend>& cuda_backend, bool nccl) {
   if (!backend) return {};
+  using Type = c10d::ProcessGroup::BackendType;
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, backend->getRank(), backend->getSize());
-  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, backend);
-  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  group->setBackend(c10::DeviceType::CPU, Type::GLOO, backend);
+  if (cuda_backend) group->setBackend(c10::DeviceType::CUDA, nccl ? Type::NCCL : Type::GLOO, cuda_backend);
+  group->setDefaultBackend(nccl ? Type::NCCL : Type::GLOO);
   return group;
 }
 

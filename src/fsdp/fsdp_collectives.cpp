@@ -7,6 +7,7 @@
 #include <fsdpp/collectives.h>
 
 #include "comm/chained_collectives.h"
+#include "comm/device_collectives.h"
 #include "comm/process_group_impl.h"
 #include "comm/shm_transport.h"
 #include "fsdp/storage_memory.h"
@@ -33,7 +34,9 @@ UnitAllGather::~UnitAllGather() {
 
 void UnitAllGather::start(const at::Tensor& input, const ProcessGroup& group, std::shared_ptr<const GatherLayout> layout,
                           const at::Tensor& target) {
-  const bool in_place = in_place_ && layout->blocks_per_member == 1;
+  // A device's gathers place each rank's block with device copies (comm/device_collectives.h),
+  // whatever the group's transport.
+  const bool in_place = on_device(input) || (in_place_ && layout->blocks_per_member == 1);
   testing_delay(testing_delays().before_all_gather_ms);
   // Not in place: rank-major, placed at the wait. The unit computing meanwhile has resharded by
   // then, so that output and the parameters never coexist with it (placed on the comm thread,

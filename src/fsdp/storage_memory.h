@@ -14,7 +14,8 @@ namespace fsdpp::detail {
 at::Tensor unallocated(int64_t numel, const at::TensorOptions& options);
 // Gives a tensor whose memory was released (or never allocated) the bytes its sizes need.
 void allocate_storage(const at::Tensor& t);
-// Frees a tensor's memory now, even while other handles to its storage live on.
+// Frees a tensor's memory now, even while other handles to its storage live on; on a device,
+// once the work this thread's current stream has queued so far is done.
 void release_storage(const at::Tensor& t);
 
 }  // namespace fsdpp::detail

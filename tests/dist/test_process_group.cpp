@@ -157,8 +157,10 @@ TEST(ProcessGroupErrors, MissingOrInvalidEnvironment) {
     setenv("MASTER_PORT", "99999", 1);
     m = error_of([] { init_process_group(); });
     EXPECT_NE(m.find("MASTER_PORT='99999' is not a valid TCP port"), std::string::npos) << m;
-    m = error_of([] { init_process_group(InitProcessGroupOptions().backend("nccl")); });
-    EXPECT_NE(m.find("backend 'nccl' is not available"), std::string::npos) << m;
+    m = error_of([] { init_process_group(InitProcessGroupOptions().backend("mpi")); });
+    EXPECT_NE(m.find("backend 'mpi' is not available: fsdpp takes 'gloo', 'nccl' or"), std::string::npos) << m;
+    m = error_of([] { init_process_group(InitProcessGroupOptions().backend("cpu:gloo,cuda:mpi")); });
+    EXPECT_NE(m.find("backend 'cpu:gloo,cuda:mpi': 'cuda:mpi' is not available"), std::string::npos) << m;
     m = error_of([] { init_process_group(InitProcessGroupOptions().init_method("udp://x")); });
     EXPECT_NE(m.find("init_method 'udp://x' is not env://"), std::string::npos) << m;
     m = error_of([] { default_group(); });

@@ -72,6 +72,7 @@ class FailureCollector : public ::testing::EmptyTestEventListener {
   try {
     if (options.init_process_group) {
       ctx.world = init_process_group(InitProcessGroupOptions()
+                                         .backend(options.backend)
                                          .init_method("file://" + ctx.store_path)
                                          .rank(ctx.rank)
                                          .world_size(world_size)

@@ -25,6 +25,7 @@ struct RunOptions {
   // Collectives time out well before the deadline, so a hang names its collective.
   std::chrono::milliseconds collective_timeout{60000};
   bool init_process_group = true;
+  std::string backend = "gloo";  // InitProcessGroupOptions::backend
   bool check_collectives = true;
   // Extra environment for the ranks ("NAME=value").
   std::vector<std::string> env;
