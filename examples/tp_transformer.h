@@ -42,7 +42,7 @@ class TPAttentionImpl : public torch::nn::Module {
     auto heads = [&](const at::Tensor& t) { return t.view({b, s, -1, head_dim_}).transpose(1, 2); };
     at::Tensor q = heads(wq->forward(x)), k = heads(wk->forward(x)), v = heads(wv->forward(x));
     at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
-    at::Tensor causal = torch::ones({s, s}, torch::kBool).triu(1);
+    at::Tensor causal = torch::ones({s, s}, x.options().dtype(torch::kBool)).triu(1);
     scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
     at::Tensor out = torch::matmul(torch::softmax(scores, -1), v);
     return wo->forward(out.transpose(1, 2).reshape({b, s, -1}));
@@ -98,7 +98,7 @@ class TPTransformerImpl : public torch::nn::Module {
   // Under sequence parallelism the embeddings give this rank's rows of the sequence ([b, s_r, d]
   // and [s_r, d]), which the blocks keep, and the output gathers.
   at::Tensor forward(at::Tensor tokens) {
-    at::Tensor positions = torch::arange(tokens.size(1), torch::kLong);
+    at::Tensor positions = torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
     at::Tensor h = tok_embeddings->forward(tokens) + pos_embeddings->forward(positions);
     return output->forward(norm->forward(layers->forward(h)));
   }

@@ -32,7 +32,7 @@ class AttentionImpl : public torch::nn::Module {
     auto heads = [&](const at::Tensor& t) { return t.view({b, s, n_heads_, hd}).transpose(1, 2); };
     at::Tensor q = heads(wq->forward(x)), k = heads(wk->forward(x)), v = heads(wv->forward(x));
     at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-    at::Tensor causal = torch::ones({s, s}, torch::kBool).triu(1);
+    at::Tensor causal = torch::ones({s, s}, x.options().dtype(torch::kBool)).triu(1);
     scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
     at::Tensor out = torch::matmul(torch::softmax(scores, -1), v);
     return wo->forward(out.transpose(1, 2).reshape({b, s, d}));
@@ -99,7 +99,7 @@ inline bool init_transformer_module(torch::nn::Module& module) {
 // The transformer's two ends, as functions its forward and the stage modules below share.
 inline at::Tensor embed_tokens(torch::nn::EmbeddingImpl& tok_embeddings, torch::nn::EmbeddingImpl& pos_embeddings,
                                const at::Tensor& tokens) {
-  at::Tensor positions = torch::arange(tokens.size(1), torch::kLong);
+  at::Tensor positions = torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
   return tok_embeddings.forward(tokens) + pos_embeddings.forward(positions);
 }
 inline at::Tensor project_output(torch::nn::LayerNormImpl& norm, OutputProjectionImpl& output, const at::Tensor& h) {

@@ -31,10 +31,25 @@ c10::Stream device_stream(const ProcessGroupImpl& g, c10::Device device) {
   return *g.device_stream;
 }
 
-// Gloo cannot sum half precision (c10d's Gloo backend stages CUDA tensors and sums on the host):
-// as fsdpp's CPU collectives do, the sum is taken in float32 and rounded once.
-bool sums_in_float32(const ProcessGroupImpl& g, const at::Tensor& t) {
-  return g.device_backend == g.backend && (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf);
+// Under "gloo" the device backend is the CPU one, which stages CUDA tensors through host memory
+// and has the same limits as on the CPU: it reduces neither half precision nor int16 (fsdpp's
+// CPU collectives sum half precision in float32 and round once, as done here), and moves only
+// the dtypes as_wire maps to.
+bool over_gloo(const ProcessGroupImpl& g) { return g.device_backend == g.backend; }
+
+// The dtype a reduction over Gloo runs in: the tensor's own where Gloo reduces it.
+at::ScalarType reduced_in(const ProcessGroupImpl& g, const at::Tensor& t) {
+  if (!over_gloo(g) || gloo_can_reduce(t.scalar_type())) return t.scalar_type();
+  return at::isFloatingType(t.scalar_type()) ? at::kFloat : at::kLong;
+}
+
+// NCCL's timeout is its watchdog's (ProcessGroupNCCL's options): a wait with a timeout would
+// poll the host; Gloo's waits take the group's.
+void wait(const ProcessGroupImpl& g, const c10::intrusive_ptr<c10d::Work>& work) {
+  if (over_gloo(g))
+    work->wait(g.timeout);
+  else
+    work->wait();
 }
 
 }  // namespace
@@ -58,8 +73,9 @@ void DeviceHandoff::run(const ProcessGroupImpl& g, const std::function<void()>& 
 }
 
 void run_device_all_reduce(const ProcessGroupImpl& g, const at::Tensor& tensor, ReduceOp op) {
-  if (sums_in_float32(g, tensor)) {
-    const at::Tensor wide = tensor.to(at::kFloat);
+  const at::ScalarType dtype = reduced_in(g, tensor);
+  if (dtype != tensor.scalar_type()) {
+    const at::Tensor wide = tensor.to(dtype);
     run_device_all_reduce(g, wide, op);
     tensor.copy_(wide);
     return;
@@ -68,21 +84,22 @@ void run_device_all_reduce(const ProcessGroupImpl& g, const at::Tensor& tensor, 
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(op);
   options.timeout = g.timeout;
-  device_backend(g, tensor).allreduce(tensors, options)->wait(g.timeout);
+  wait(g, device_backend(g, tensor).allreduce(tensors, options));
   if (op == ReduceOp::AVG) tensor.div_(g.size());
 }
 
 void run_device_broadcast(const ProcessGroupImpl& g, const at::Tensor& tensor, int root_group_rank) {
-  std::vector<at::Tensor> tensors{tensor};
+  std::vector<at::Tensor> tensors{over_gloo(g) ? as_wire(tensor) : tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root_group_rank;
   options.timeout = g.timeout;
-  device_backend(g, tensor).broadcast(tensors, options)->wait(g.timeout);
+  wait(g, device_backend(g, tensor).broadcast(tensors, options));
 }
 
 void run_device_all_gather(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input) {
-  at::Tensor out = output.reshape({-1}), in = input.reshape({-1});
-  compat::all_gather_single(device_backend(g, input), out, in)->wait(g.timeout);
+  at::Tensor out = over_gloo(g) ? as_wire(output) : output.reshape({-1});
+  at::Tensor in = over_gloo(g) ? as_wire(input) : input.reshape({-1});
+  wait(g, compat::all_gather_single(device_backend(g, input), out, in));
 }
 
 void run_device_all_gather_into_layout(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input,
@@ -100,25 +117,28 @@ void run_device_all_gather_into_layout(const ProcessGroupImpl& g, const at::Tens
 
 void run_device_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input,
                                ReduceOp op) {
-  if (sums_in_float32(g, input)) {
-    const at::Tensor wide = at::empty(output.sizes(), output.options().dtype(at::kFloat));
-    run_device_reduce_scatter(g, wide, input.to(at::kFloat), op);
-    output.copy_(wide);
+  if (over_gloo(g)) {
+    // Gloo's own reduce-scatter of CUDA tensors is an all-reduce of the whole input anyway, and
+    // in some releases drops the op (MIN and MAX summed) and the timeout: an all-reduce of a copy.
+    const at::Tensor whole = input.reshape({-1}).clone();
+    run_device_all_reduce(g, whole, op);
+    output.reshape({-1}).copy_(whole.narrow(0, g.rank * output.numel(), output.numel()));
     return;
   }
   at::Tensor out = output.reshape({-1}), in = input.reshape({-1});
   c10d::ReduceScatterOptions options;
   options.reduceOp = to_c10d(op);
   options.timeout = g.timeout;
-  compat::reduce_scatter_single(device_backend(g, input), out, in, options)->wait(g.timeout);
+  wait(g, compat::reduce_scatter_single(device_backend(g, input), out, in, options));
   if (op == ReduceOp::AVG) output.div_(g.size());
 }
 
 void run_device_all_to_all(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input,
                            const std::vector<int64_t>& output_elements, const std::vector<int64_t>& input_elements) {
-  at::Tensor out = output.reshape({-1}), in = input.reshape({-1});
+  at::Tensor out = over_gloo(g) ? as_wire(output) : output.reshape({-1});
+  at::Tensor in = over_gloo(g) ? as_wire(input) : input.reshape({-1});
   std::vector<int64_t> out_splits = output_elements, in_splits = input_elements;
-  device_backend(g, input).alltoall_base(out, in, out_splits, in_splits)->wait(g.timeout);
+  wait(g, device_backend(g, input).alltoall_base(out, in, out_splits, in_splits));
 }
 
 }  // namespace fsdpp::detail

@@ -1,6 +1,7 @@
 #include <fsdpp/process_group.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <set>
@@ -303,6 +304,18 @@ ProcessGroup make_child(const detail::ProcessGroupImpl& parent, std::string name
 }  // namespace
 
 namespace detail {
+
+ProcessGroupImpl::~ProcessGroupImpl() {
+  comm_thread.reset();
+  if (device_backend && device_backend != backend) {
+    try {
+      compat::shutdown_nccl_backend(device_backend);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fsdpp: shutting down the NCCL backend of %s failed: %s\n", where().c_str(),
+                   message_without_backtrace(e).c_str());
+    }
+  }
+}
 
 std::string ProcessGroupImpl::where() const {
   return "group " + name + " (rank " + std::to_string(rank) + " of " + std::to_string(size()) + ")";

@@ -24,6 +24,12 @@ struct FlattenedMesh;
 class ShmTransport;
 
 struct ProcessGroupImpl {
+  ProcessGroupImpl() = default;
+  ProcessGroupImpl(const ProcessGroupImpl&) = delete;
+  ProcessGroupImpl& operator=(const ProcessGroupImpl&) = delete;
+  // Drains the comm thread, then shuts an NCCL backend down.
+  ~ProcessGroupImpl();
+
   std::string name;                           // "world", "world/0", ...
   std::string backend_name;                   // as given: "gloo", "nccl", "cpu:gloo,cuda:nccl"
   c10::intrusive_ptr<c10d::Store> store;      // the world's store, unprefixed

@@ -24,7 +24,13 @@ int cuda_device_count();
 c10::intrusive_ptr<C10dBackend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                   int size, std::chrono::milliseconds timeout);
 
-// The caching allocator's counts for one device (torch.cuda.memory_stats()'s "all" entries).
+// Shuts a backend make_nccl_backend made down (its communicators destroyed, as PyTorch's
+// destroy_process_group does; destroyed without it, ProcessGroupNCCL warns and aborts them).
+// Nothing for any other backend.
+void shutdown_nccl_backend(const c10::intrusive_ptr<C10dBackend>& backend);
+
+// The caching allocator's counts for one device (torch.cuda.memory_stats()'s "all" entries);
+// zeros before the process's first CUDA allocation, as torch.cuda.memory_stats() is then empty.
 struct CudaAllocatorStats {
   int64_t allocated_bytes = 0, peak_allocated_bytes = 0, reserved_bytes = 0, num_allocations = 0;
 };

@@ -14,16 +14,14 @@
 #include <fsdpp/memory.h>
 #include <fsdpp/process_group.h>
 
-#include "dist/world_sizes.h"
-#include "harness/cuda_devices.h"
-#include "harness/multi_process.h"
+#include "gpu/gpu_fixtures.h"
 
 namespace fsdpp {
 namespace {
 
 using testing::RankContext;
 
-const at::Device kGpu(at::kCUDA, 0);
+using testing::kGpu;
 
 // Runs every collective on the same values as CUDA and as CPU tensors (values whose sums are exact,
 // so any order of summation gives the same bits) and expects the same results.
@@ -72,6 +70,23 @@ void expect_each_collective_as_on_the_cpu(RankContext& ctx) {
     reduce_scatter_tensor(cpu_shard, input, ReduceOp::SUM, ctx.world);
     reduce_scatter_tensor(gpu_shard, input.to(kGpu), ReduceOp::SUM, ctx.world);
     EXPECT_TRUE(at::equal(cpu_shard, gpu_shard.cpu())) << "reduce_scatter_tensor bfloat16";
+    at::Tensor cpu_all = at::empty({n * 12}, at::kBFloat16), gpu_all = at::empty({n * 12}, small.options().device(kGpu));
+    all_gather_into_tensor(cpu_all, small, ctx.world);
+    all_gather_into_tensor(gpu_all, small.to(kGpu), ctx.world);
+    EXPECT_TRUE(at::equal(cpu_all, gpu_all.cpu())) << "all_gather_into_tensor bfloat16";
+  }
+  for (ReduceOp op : {ReduceOp::SUM, ReduceOp::MAX}) {  // int16, which Gloo does not reduce itself
+    at::Tensor cpu = at::arange(12, at::kShort).add_(r), gpu = cpu.to(kGpu);
+    all_reduce(cpu, op, ctx.world);
+    all_reduce(gpu, op, ctx.world);
+    EXPECT_TRUE(at::equal(cpu, gpu.cpu())) << "all_reduce int16 " << to_string(op);
+  }
+  {  // MIN and MAX reduce-scatter, which some releases' Gloo summed
+    const at::Tensor input = at::arange(n * 4, at::kFloat).mul_(r % 2 ? 1 : -1);
+    at::Tensor cpu = at::empty({4}), gpu = at::empty({4}, kGpu);
+    reduce_scatter_tensor(cpu, input, ReduceOp::MIN, ctx.world);
+    reduce_scatter_tensor(gpu, input.to(kGpu), ReduceOp::MIN, ctx.world);
+    EXPECT_TRUE(at::equal(cpu, gpu.cpu())) << "reduce_scatter_tensor MIN";
   }
 }
 

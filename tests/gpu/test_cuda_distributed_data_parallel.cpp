@@ -8,13 +8,12 @@
 
 #include <fsdpp/distributed_data_parallel.h>
 
-#include "dist/fsdp_test_util.h"
-#include "harness/cuda_devices.h"
+#include "gpu/gpu_fixtures.h"
 
 namespace fsdpp {
 namespace {
 
-const at::Device kGpu(at::kCUDA, 0);
+using testing::kGpu;
 
 void expect_ddp_parity_on_the_gpu(RankContext& ctx) {
   const int n = ctx.world_size, rank = ctx.rank;

@@ -39,10 +39,19 @@ void require_device(c10::DeviceIndex device, const char* function) {
                 std::to_string(cuda_device_count()) + " CUDA device(s)");
 }
 
+// Before this process's first CUDA allocation the allocator has no devices yet and its
+// statistics throw ("Invalid device argument"); torch.cuda.memory_stats() is empty then.
+bool allocator_initialized() { return c10::cuda::CUDACachingAllocator::get()->initialized(); }
+
 }  // namespace
+
+void shutdown_nccl_backend(const c10::intrusive_ptr<C10dBackend>& backend) {
+  if (auto* nccl = dynamic_cast<c10d::ProcessGroupNCCL*>(backend.get())) nccl->shutdown();
+}
 
 CudaAllocatorStats cuda_allocator_stats(c10::DeviceIndex device) {
   require_device(device, "memory_stats()");
+  if (!allocator_initialized()) return {};
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
   constexpr size_t all = 0;  // StatType::AGGREGATE, whose namespace moved between releases
   CudaAllocatorStats s;
@@ -55,11 +64,11 @@ CudaAllocatorStats cuda_allocator_stats(c10::DeviceIndex device) {
 
 void cuda_reset_peak_stats(c10::DeviceIndex device) {
   require_device(device, "reset_peak_memory_stats()");
-  c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+  if (allocator_initialized()) c10::cuda::CUDACachingAllocator::resetPeakStats(device);
 }
 
 void cuda_empty_cache() {
-  if (cuda_device_count() > 0) c10::cuda::CUDACachingAllocator::emptyCache();
+  if (cuda_device_count() > 0 && allocator_initialized()) c10::cuda::CUDACachingAllocator::emptyCache();
 }
 
 }  // namespace fsdpp::compat

@@ -22,6 +22,8 @@ c10::intrusive_ptr<C10dBackend> make_nccl_backend(const c10::intrusive_ptr<c10d:
   no_cuda("backend 'nccl'");
 }
 
+void shutdown_nccl_backend(const c10::intrusive_ptr<C10dBackend>&) {}
+
 CudaAllocatorStats cuda_allocator_stats(c10::DeviceIndex) { no_cuda("memory_stats() of a CUDA device"); }
 
 void cuda_reset_peak_stats(c10::DeviceIndex) { no_cuda("reset_peak_memory_stats() of a CUDA device"); }
