@@ -34,7 +34,6 @@ class StepReplay {
     backward_started_.assign(n_units, false);
     backward_done_.assign(n_units, false);
     windows_.peak.assign(n_units, -1);
-    for (const auto& u : units_) largest_ = std::max(largest_, u.gathered);
     for (int i = 0; i < static_cast<int>(ops_.size()); ++i) {
       const int u = ops_[i].unit;
       if (u < 0) continue;
@@ -384,7 +383,6 @@ class StepReplay {
   // grad_owned_: bytes of the gradient tensor a tensor's grad owns; checkpoint_backward_temps_: what
   // a checkpointed unit's backward holds until it returns (recomputed output, caller's RNG state)
   std::vector<int64_t> unit_grads_, grad_owned_, checkpoint_backward_temps_;
-  int64_t largest_ = 0;
   int pending_ = -1;
   int64_t reduce_in_flight_ = 0;
   int64_t traced_peak_ = 0;
