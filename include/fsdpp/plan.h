@@ -39,10 +39,12 @@ enum class Architecture { kExampleTransformer, kLlama };
 enum class AttentionKernel { kExplicit, kFused };
 enum class Optimizer { kAdam, kSGD, kSGDMomentum };
 // BACKWARD_PRE: a unit's pre-backward gathers the next unit to run backward; kNone: each unit
-// gathers at its own pre-backward; kBounded: BACKWARD_PRE only while (live bytes + this unit's
-// gradients + the prefetched unit) stays within (live bytes at the end of forward + 2 x the
-// largest unit). That approximates the engine's default, BACKWARD_PRE_WITHIN_BOUND, which
-// decides from each unit's measured peak in the first backward (docs/api.md).
+// gathers at its own pre-backward; kBounded: fully_shard's default, BACKWARD_PRE_WITHIN_BOUND
+// (docs/api.md), replayed: a replay without prefetch measures each unit's window as the first
+// backward does, and a unit prefetches the next iff its window (+ a reduce-scatter input held
+// over) + the next unit, and the next unit's window + this unit's reduce-scatter input and
+// output, stay within max(the highest window, live after forward + 2 x the largest unit).
+// (Decided for `rank`'s shard sizes; the engine takes every rank's agreement.)
 enum class BackwardPrefetch { kBackwardPre, kNone, kBounded };
 
 struct ModelShape {

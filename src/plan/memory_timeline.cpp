@@ -5,6 +5,7 @@ namespace fsdpp::plan::detail {
 void MemoryTimeline::alloc(Bytes kind, int64_t bytes) {
   live_ += bytes;
   by_kind_[static_cast<size_t>(kind)] += bytes;
+  if (live_ > peak_since_mark_) peak_since_mark_ = live_;
   if (live_ > peak_) {
     peak_ = live_;
     at_peak_ = by_kind_;

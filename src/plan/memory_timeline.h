@@ -25,9 +25,12 @@ class MemoryTimeline {
   int64_t peak() const { return peak_; }
   int64_t of(Bytes kind) const { return by_kind_[static_cast<size_t>(kind)]; }
   int64_t at_peak(Bytes kind) const { return at_peak_[static_cast<size_t>(kind)]; }
+  // The highest live bytes since the last mark() (src/memory/peak_since_mark.h's counterpart).
+  void mark() { peak_since_mark_ = live_; }
+  int64_t peak_since_mark() const { return peak_since_mark_; }
 
  private:
-  int64_t live_ = 0, peak_ = 0;
+  int64_t live_ = 0, peak_ = 0, peak_since_mark_ = 0;
   std::array<int64_t, static_cast<size_t>(Bytes::kCount)> by_kind_{}, at_peak_{};
 };
 

@@ -55,6 +55,11 @@ std::vector<detail::UnitBytes> account_units(const std::vector<std::vector<detai
     b.grads = unit.numel * pbytes;
     b.reduce_input = unit.unsharded_padded_numel * rbytes;
     b.reduce_output = unit.shard_padded_numel * rbytes;
+    // A half-precision reduce-scatter sums in float32 on the comm thread
+    // (src/comm/collective_algorithms.cpp, reduce_chunks): every rank's chunk received or staged
+    // in the reduce dtype, those chunks as float32, and their float32 sum.
+    if (shard_group > 1 && rbytes < 4)
+      b.reduce_staging = b.reduce_input + b.reduce_input * 4 / rbytes + b.reduce_output * 4 / rbytes;
     b.grad_shard = offload ? 0 : unit.local_numel * kShardBytes;
     unit_bytes.push_back(b);
 
@@ -123,6 +128,7 @@ StepPlan plan_and_trace(const ModelShape& model, const ParallelLayout& layout,
   options.activation_checkpointing = layout.activation_checkpointing();
   options.backward_prefetch = layout.backward_prefetch();
   options.reduce_done_at_issue = plan.shard_group_size == 1;
+  options.shard_group_size = plan.shard_group_size;
   options.trace = trace != nullptr;
   detail::ReplayResult r = detail::replay_step(detail::transformer_tape(model, tp, pbytes), unit_bytes, options);
   plan.activations = r.activations;

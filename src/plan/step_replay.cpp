@@ -1,6 +1,7 @@
 #include "plan/step_replay.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "plan/memory_timeline.h"
 
@@ -10,10 +11,21 @@ namespace {
 // torch::get_rng_state() of the CPU generator (mt19937's state and the normal-sampling cache).
 constexpr int64_t kCpuRngStateBytes = 5056;
 
+// What the first backward measures for BACKWARD_PRE_WITHIN_BOUND, in the replay's bytes (above
+// the held state: the engine's absolute bytes less a constant, which its comparisons ignore).
+struct BackwardWindows {
+  std::vector<int64_t> peak;  // by unit; -1: not measured
+  std::vector<int> order;     // the units in backward order
+  int64_t live_after_root_forward = 0;
+};
+
 class StepReplay {
  public:
-  StepReplay(const Tape& tape, const std::vector<UnitBytes>& units, const ReplayOptions& options)
-      : ops_(tape.ops()), tensors_(tape.tensors()), units_(units), options_(options) {
+  // `prefetch_allowed`: kBounded's decision by unit; empty: measure the windows (no prefetch).
+  StepReplay(const Tape& tape, const std::vector<UnitBytes>& units, const ReplayOptions& options,
+             std::vector<bool> prefetch_allowed = {})
+      : ops_(tape.ops()), tensors_(tape.tensors()), units_(units), options_(options),
+        prefetch_allowed_(std::move(prefetch_allowed)) {
     const size_t n_units = units_.size();
     first_op_.assign(n_units, -1);
     last_op_.assign(n_units, -1);
@@ -21,7 +33,7 @@ class StepReplay {
     prefetched_.assign(n_units, false);
     backward_started_.assign(n_units, false);
     backward_done_.assign(n_units, false);
-    for (const auto& u : units_) largest_ = std::max(largest_, u.gathered);
+    windows_.peak.assign(n_units, -1);
     for (int i = 0; i < static_cast<int>(ops_.size()); ++i) {
       const int u = ops_[i].unit;
       if (u < 0) continue;
@@ -32,6 +44,7 @@ class StepReplay {
     last_use_.assign(n_tensors, -1);
     last_saver_.assign(n_tensors, static_cast<int>(ops_.size()));
     kept_.assign(n_tensors, false);
+    held_by_recompute_.assign(n_tensors, false);
     alive_.assign(n_tensors, false);
     kind_.assign(n_tensors, Bytes::kTemporaries);
     grad_alive_.assign(n_tensors, false);
@@ -44,6 +57,11 @@ class StepReplay {
         // A checkpointed block keeps only what crosses its boundary (its inputs).
         if (!checkpointed(ops_[i].unit) || ops_[tensors_[t].producer].unit != ops_[i].unit) kept_[t] = true;
       }
+      // The checkpoint's recompute closure (in the autograd graph until backward ends) holds
+      // the arguments of a checkpointed block's forward.
+      if (checkpointed(ops_[i].unit))
+        for (int t : ops_[i].inputs)
+          if (ops_[tensors_[t].producer].unit != ops_[i].unit) held_by_recompute_[t] = true;
     }
     released_at_.assign(ops_.size(), {});
     for (size_t t = 0; t < n_tensors; ++t)
@@ -51,13 +69,14 @@ class StepReplay {
     kept_[ops_.back().output] = true;  // the loss, held by the caller through backward
   }
 
+  const BackwardWindows& windows() const { return windows_; }
+
   ReplayResult run() {
     forward();
     ReplayResult& r = result_;
     r.forward_peak = timeline_.peak();
     r.after_forward = timeline_.live();
     r.activations = timeline_.of(Bytes::kActivations);
-    after_forward_ = timeline_.live();
     backward();
     r.backward_peak = timeline_.peak();
     r.at_peak_params = timeline_.at_peak(Bytes::kGatheredParams);
@@ -89,7 +108,7 @@ class StepReplay {
     for (int i = 0; i < static_cast<int>(ops_.size()); ++i) {
       const int u = ops_[i].unit;
       if (u >= 0 && i == first_op_[u]) pre_forward(u);
-      run_forward_op(i, /*keep=*/[&](int t) { return kept_[t]; }, !checkpointed(u));
+      run_forward_op(i, /*keep=*/[&](int t) { return kept_[t]; }, !checkpointed(u), /*recomputing=*/false);
       free_after_forward_op(i, 0, static_cast<int>(ops_.size()));
       note("forward " + ops_[i].name);
       if (u >= 0 && i == last_op_[u]) post_forward(u);
@@ -97,14 +116,14 @@ class StepReplay {
   }
 
   template <typename Keep>
-  void run_forward_op(int i, Keep keep, bool saving) {
+  void run_forward_op(int i, Keep keep, bool saving, bool recomputing) {
     const TapeOp& op = ops_[i];
     const int t = op.output;
-    if (alive_[t]) {
-      // A recomputed block's output: the original stays; the recomputed one is the root of the
-      // checkpoint's inner backward, alive until that ends (the unit's post-backward).
+    if (recomputing && i == last_op_[op.unit]) {
+      // A recomputed block's output, the root of the checkpoint's inner backward, alive until
+      // that ends (the unit's post-backward); the original's own life is unchanged.
       timeline_.alloc(Bytes::kTemporaries, tensors_[t].bytes);
-      recomputed_output_[op.unit] += tensors_[t].bytes;
+      checkpoint_backward_temps_[op.unit] += tensors_[t].bytes;
     } else {
       kind_[t] = keep(t) ? Bytes::kActivations : Bytes::kTemporaries;
       alloc_tensor(t);
@@ -148,7 +167,8 @@ class StepReplay {
   }
 
   void gather(int u, Bytes kind) {
-    timeline_.alloc(Bytes::kTemporaries, units_[u].gather_input);
+    timeline_.alloc(Bytes::kTemporaries, units_[u].gather_input);  // on the issuing thread
+    end_reduce_staging();  // the comm thread runs collectives in order
     timeline_.alloc(kind, units_[u].gathered);
     timeline_.free(Bytes::kTemporaries, units_[u].gather_input);
     gathered_[u] = true;
@@ -176,13 +196,26 @@ class StepReplay {
   }
   void post_forward(int u) {
     if (u != 0 && options_.reshard_after_forward) reshard(u);
+    if (u == 0) windows_.live_after_root_forward = timeline_.live();
     note("post-forward " + unit_name(u));
   }
 
   void pre_backward(int u) {
     backward_started_[u] = true;
+    close_window();
     wait_for_gather(u);
+    if (measuring()) {
+      if (windows_.order.empty()) grad_shards_at_start_ = timeline_.of(Bytes::kGradShards);
+      timeline_.mark();
+      measuring_ = u;
+      windows_.order.push_back(u);
+    }
     note("pre-backward " + unit_name(u));
+    prefetch_for_backward(u);
+    end_reduce_staging();  // the unit's backward computes next
+  }
+
+  void prefetch_for_backward(int u) {
     // post-forward order is block 0, ..., the last block, root: each prefetches the one before
     const int target = u == 0 ? n_blocks() : u - 1;
     if (target < 1 || gathered_[target] || backward_done_[target]) return;
@@ -190,7 +223,7 @@ class StepReplay {
       case BackwardPrefetch::kNone:
         return;
       case BackwardPrefetch::kBounded:
-        if (timeline_.live() + units_[u].grads + units_[target].gathered > after_forward_ + 2 * largest_) return;
+        if (measuring() || !prefetch_allowed_[u]) return;
         break;
       case BackwardPrefetch::kBackwardPre:
         break;
@@ -199,7 +232,16 @@ class StepReplay {
     note("pre-backward " + unit_name(u) + ", prefetched " + unit_name(target));
   }
 
+  // The last reduce-scatter's input and the comm thread's temporaries: taken as alive from its
+  // issue until the comm thread starts the next collective or the next unit's backward
+  // computes, whichever comes first.
+  void end_reduce_staging() {
+    timeline_.free(Bytes::kCommBuffers, reduce_in_flight_);
+    reduce_in_flight_ = 0;
+  }
+
   void finalize_reduce_scatter() {
+    end_reduce_staging();
     if (pending_ < 0) return;
     timeline_.alloc(Bytes::kGradShards, units_[pending_].grad_shard);
     timeline_.free(Bytes::kCommBuffers, units_[pending_].reduce_output);
@@ -207,16 +249,19 @@ class StepReplay {
   }
   void post_backward(int u) {
     backward_done_[u] = true;
-    timeline_.free(Bytes::kTemporaries, recomputed_output_[u]);
-    recomputed_output_[u] = 0;
-    if (checkpointed(u)) timeline_.free(Bytes::kActivations, kCpuRngStateBytes);
+    // The checkpoint's backward has returned; its graph node (the forward's generator state and
+    // arguments) lives on until the whole backward ends.
+    timeline_.free(Bytes::kTemporaries, checkpoint_backward_temps_[u]);
+    checkpoint_backward_temps_[u] = 0;
     finalize_reduce_scatter();
     reshard(u);
     timeline_.alloc(Bytes::kCommBuffers, units_[u].reduce_input);  // packing frees the gradients after
     timeline_.free(Bytes::kUnitGrads, unit_grads_[u]);
     unit_grads_[u] = 0;
     timeline_.alloc(Bytes::kCommBuffers, units_[u].reduce_output);
-    timeline_.free(Bytes::kCommBuffers, units_[u].reduce_input);  // on the comm thread, once exchanged
+    // On the comm thread: the input is freed once exchanged, with the staging.
+    timeline_.alloc(Bytes::kCommBuffers, units_[u].reduce_staging);
+    reduce_in_flight_ = units_[u].reduce_staging + units_[u].reduce_input;
     pending_ = u;
     // A group of one only copies: done by the post-backward's closing finalize.
     if (options_.reduce_done_at_issue) finalize_reduce_scatter();
@@ -225,10 +270,14 @@ class StepReplay {
 
   // A checkpointed block's forward again, saving this time, inside its backward.
   void recompute(int u) {
+    // The caller's CPU generator state, put back when the checkpoint's backward returns.
+    timeline_.alloc(Bytes::kTemporaries, kCpuRngStateBytes);
+    checkpoint_backward_temps_[u] += kCpuRngStateBytes;
     for (int i = first_op_[u]; i <= last_op_[u]; ++i) {
       run_forward_op(i, [&](int t) { return last_saver_[t] < static_cast<int>(ops_.size()) &&
-                                            ops_[last_saver_[t]].unit == u; }, true);
+                                            ops_[last_saver_[t]].unit == u; }, true, /*recomputing=*/true);
       free_after_forward_op(i, first_op_[u], last_op_[u] + 1);
+      note("recompute " + ops_[i].name);
     }
   }
 
@@ -280,7 +329,7 @@ class StepReplay {
       grad_owned_[out] = 0;
     }
     for (int t : op.saves)
-      if (last_saver_[t] == i) free_tensor(t);
+      if (last_saver_[t] == i && !held_by_recompute_[t]) free_tensor(t);
     if (extra_alive_[i]) {
       timeline_.free(Bytes::kActivations, op.saved_extra);
       extra_alive_[i] = false;
@@ -289,7 +338,7 @@ class StepReplay {
 
   void backward() {
     unit_grads_.assign(units_.size(), 0);
-    recomputed_output_.assign(units_.size(), 0);
+    checkpoint_backward_temps_.assign(units_.size(), 0);
     for (int i = static_cast<int>(ops_.size()) - 1; i >= 0; --i) {
       const int u = ops_[i].unit;
       if (u >= 0 && !backward_started_[u]) {
@@ -303,28 +352,82 @@ class StepReplay {
     // The final callback: the root's post-backward (its inputs are token ids), then every finalize.
     post_backward(0);
     finalize_reduce_scatter();
+    close_window();
+  }
+
+  // kBounded's first replay, as the engine's first backward: a unit's window runs from its
+  // gather's wait at pre-backward to the next unit's pre-backward (the last to the end of
+  // backward), less the gradient shards made meanwhile.
+  bool measuring() const { return options_.backward_prefetch == BackwardPrefetch::kBounded && prefetch_allowed_.empty(); }
+  void close_window() {
+    if (measuring_ < 0) return;
+    windows_.peak[measuring_] =
+        timeline_.peak_since_mark() - (timeline_.of(Bytes::kGradShards) - grad_shards_at_start_);
+    measuring_ = -1;
   }
 
   const std::vector<TapeOp>& ops_;
   const std::vector<TapeTensor>& tensors_;
   const std::vector<UnitBytes>& units_;
   ReplayOptions options_;
+  std::vector<bool> prefetch_allowed_;
+  BackwardWindows windows_;
+  int measuring_ = -1;
+  int64_t grad_shards_at_start_ = 0;
   MemoryTimeline timeline_;
   std::vector<int> first_op_, last_op_, last_use_, last_saver_;
-  std::vector<bool> gathered_, prefetched_, backward_started_, backward_done_, kept_, alive_, grad_alive_, extra_alive_;
+  std::vector<bool> gathered_, prefetched_, backward_started_, backward_done_, kept_, alive_, grad_alive_, extra_alive_,
+      held_by_recompute_;
   std::vector<Bytes> kind_;
   std::vector<std::vector<int>> released_at_;  // tensors a C++ local holds until op i
-  std::vector<int64_t> unit_grads_, grad_owned_, recomputed_output_;  // bytes of the gradient tensor a tensor's grad owns
-  int64_t largest_ = 0, after_forward_ = 0;
+  // grad_owned_: bytes of the gradient tensor a tensor's grad owns; checkpoint_backward_temps_: what
+  // a checkpointed unit's backward holds until it returns (recomputed output, caller's RNG state)
+  std::vector<int64_t> unit_grads_, grad_owned_, checkpoint_backward_temps_;
   int pending_ = -1;
+  int64_t reduce_in_flight_ = 0;
   int64_t traced_peak_ = 0;
   ReplayResult result_;
 };
 
+// decide_backward_prefetch (src/fsdp/fsdp_state.cpp) on the measured windows: in backward
+// order, a unit prefetches the next iff its window (plus the reduce-scatter input held over from
+// a unit that prefetched it) plus the next unit fits the bound, and so does the next unit's
+// window plus this unit's reduce-scatter input and output.
+std::vector<bool> decide_within_bound(const BackwardWindows& w, const std::vector<UnitBytes>& units,
+                                      int64_t shard_group) {
+  const int n_blocks = static_cast<int>(units.size()) - 1;
+  int64_t largest = 0, backward_peak = 0;
+  for (const auto& u : units) largest = std::max(largest, u.gathered);
+  for (int64_t p : w.peak) backward_peak = std::max(backward_peak, p);
+  const int64_t bound = std::max(backward_peak, w.live_after_root_forward + 2 * largest);
+  std::vector<bool> allowed(units.size(), false);
+  std::vector<int64_t> held_over(units.size(), 0);
+  for (int s : w.order) {
+    const int target = s == 0 ? n_blocks : s - 1;
+    if (target < 1 || w.peak[s] < 0) continue;
+    const int64_t reduce = units[s].reduce_input * (shard_group + 1) / shard_group;
+    const bool fits_here = w.peak[s] + held_over[s] + units[target].gathered <= bound;
+    const bool fits_there = w.peak[target] < 0 || w.peak[target] + reduce <= bound;
+    if (fits_here && fits_there) {
+      allowed[s] = true;
+      held_over[target] = reduce;
+    }
+  }
+  return allowed;
+}
+
 }  // namespace
 
 ReplayResult replay_step(const Tape& tape, const std::vector<UnitBytes>& units, const ReplayOptions& options) {
-  return StepReplay(tape, units, options).run();
+  if (options.backward_prefetch != BackwardPrefetch::kBounded) return StepReplay(tape, units, options).run();
+  ReplayOptions first = options;
+  first.trace = false;
+  StepReplay measured(tape, units, first);
+  measured.run();
+  std::vector<bool> allowed = decide_within_bound(measured.windows(), units, options.shard_group_size);
+  ReplayResult r = StepReplay(tape, units, options, allowed).run();
+  r.prefetched_within_bound = std::move(allowed);
+  return r;
 }
 
 }  // namespace fsdpp::plan::detail

@@ -26,6 +26,7 @@ struct UnitBytes {
   int64_t grads = 0;            // unsharded gradients (param dtype)
   int64_t reduce_input = 0;     // unsharded padded, reduce dtype
   int64_t reduce_output = 0;    // shard padded, reduce dtype
+  int64_t reduce_staging = 0;   // the comm thread's temporaries of the reduce-scatter
   int64_t grad_shard = 0;       // the rank's .grad on the device (0 under CPU offload)
 };
 
@@ -36,6 +37,7 @@ struct ReplayOptions {
   // Whether a reduce-scatter has finished when its unit's post-backward ends (a group of one:
   // a copy); otherwise its output waits for the next unit's post-backward.
   bool reduce_done_at_issue = false;
+  int64_t shard_group_size = 1;
   bool trace = false;  // record live bytes after each op and FSDP event
 };
 
@@ -43,9 +45,14 @@ struct ReplayResult {
   int64_t forward_peak = 0, after_forward = 0, backward_peak = 0, activations = 0;
   int64_t at_peak_params = 0, at_peak_grads = 0, at_peak_comm = 0, at_peak_activations = 0, at_peak_temporaries = 0;
   std::vector<std::pair<std::string, int64_t>> trace;  // (event, live bytes after it)
+  // kBounded: whether each unit prefetched (the decision of the replay without prefetch).
+  std::vector<bool> prefetched_within_bound;
 };
 
-// units[0] is the root, units[1 + i] block i (the tape's unit numbers).
+// units[0] is the root, units[1 + i] block i (the tape's unit numbers). kBounded replays the
+// engine's BACKWARD_PRE_WITHIN_BOUND (src/fsdp/fsdp_state.cpp): a replay without prefetch
+// measures each unit's window as the first backward does, the rule decides which units
+// prefetch, and the step is replayed with those.
 ReplayResult replay_step(const Tape& tape, const std::vector<UnitBytes>& units, const ReplayOptions& options);
 
 }  // namespace fsdpp::plan::detail

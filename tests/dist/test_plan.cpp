@@ -3,7 +3,8 @@
 // ends, Adam, the peaks of a step above what is held between steps (taken before zero_grad()
 // drops the gradient shards), bytes sent per collective from CommDebugMode; with backward
 // prefetch BACKWARD_PRE and none, without resharding after forward, in bfloat16 and with the
-// blocks checkpointed. Exact where the
+// blocks checkpointed, and with fully_shard's default prefetch (BACKWARD_PRE_WITHIN_BOUND, the
+// plan's kBounded). Exact where the
 // quantity is a count of elements (held state, unit sizes, wire bytes), within 10 % for the
 // memory the step's schedule and autograd decide.
 #include <algorithm>
@@ -61,27 +62,36 @@ struct Case {
   FullyShardOptions options;
   bool checkpointing;
   plan::ParallelLayout layout;
-  // Peaks left unchecked (their plan / measured lines are in docs/plan.md): bfloat16's backward
-  // also holds what the plan does not count (the half-precision reduce-scatter's float32 staging
-  // on the comm thread, CPU kernels' float32 temporaries); with checkpointed blocks the peaks are
-  // mostly gathered units, so when the comm thread allocates a prefetch moves them by 20 % here.
-  bool forward_peak_checked = true, backward_peak_checked = true;
+  // Peaks that the comm thread's timing moves by more than 10 % between steps here (measured:
+  // docs/plan.md). With checkpointed blocks the forward holds little but gathered units: when
+  // the comm thread allocates a prefetched gather late in every probed step, the forward peaks a
+  // block early, one unit lower (N = 8: 2.70 MiB measured against 3.33 in one of two runs). In
+  // bfloat16 at N = 2 to 4 the half-precision reduce-scatter's float32 sums (1.5 MiB) overlap the
+  // next block's first matmul in some steps and not in others (N = 2: 3.77 to 4.41 MiB in
+  // single steps, the plan 3.96; N = 3 and 4: -9.7 % and -9.5 % in one of two runs).
+  bool forward_peak_checked = true;
+  std::vector<int> backward_peak_unchecked_at = {};  // world sizes
 };
 
 std::vector<Case> cases() {
   using plan::ParallelLayout;
   const auto bf16 = MixedPrecisionPolicy().param_dtype(at::kBFloat16);
+  // The plan's prefetch is BACKWARD_PRE unless told otherwise; fully_shard's default decides
+  // from the first backward (the "default options" case).
+  const auto pre = FullyShardOptions().backward_prefetch(BackwardPrefetch::BACKWARD_PRE);
   return {
-      {"BACKWARD_PRE", FullyShardOptions().backward_prefetch(BackwardPrefetch::BACKWARD_PRE), false,
+      {"BACKWARD_PRE", pre, false,
        ParallelLayout().backward_prefetch(plan::BackwardPrefetch::kBackwardPre)},
       {"no backward prefetch", FullyShardOptions().backward_prefetch(std::nullopt), false,
        ParallelLayout().backward_prefetch(plan::BackwardPrefetch::kNone)},
-      {"reshard_after_forward false", FullyShardOptions().reshard_after_forward(false), false,
+      {"reshard_after_forward false", FullyShardOptions(pre).reshard_after_forward(false), false,
        ParallelLayout().reshard_after_forward(false)},
-      {"bfloat16 compute", FullyShardOptions().mp_policy(bf16), false,
-       ParallelLayout().param_dtype(at::kBFloat16).reduce_dtype(at::kBFloat16), true, false},
-      {"activation checkpointing", FullyShardOptions(), true, ParallelLayout().activation_checkpointing(true), false,
-       false},
+      {"bfloat16 compute", FullyShardOptions(pre).mp_policy(bf16), false,
+       ParallelLayout().param_dtype(at::kBFloat16).reduce_dtype(at::kBFloat16), true, {2, 3, 4}},
+      {"activation checkpointing", pre, true, ParallelLayout().activation_checkpointing(true), false},
+      // fully_shard's default, BACKWARD_PRE_WITHIN_BOUND: the first step (measure_step's
+      // warm-up) measures each unit's window without prefetch, then each unit prefetches or not.
+      {"default options", FullyShardOptions(), false, ParallelLayout().backward_prefetch(plan::BackwardPrefetch::kBounded)},
   };
 }
 
@@ -185,7 +195,8 @@ TEST_P(PlanAgainstMeasurement, EveryLineOfBenchFsdp) {
           if (c.forward_peak_checked)
             expect_within_10_percent(p.forward_peak, m.forward_peak, u, label + ", forward peak");
           expect_within_10_percent(p.after_forward, m.after_forward, u, label + ", held after forward");
-          if (c.backward_peak_checked)
+          const auto& unchecked = c.backward_peak_unchecked_at;
+          if (std::find(unchecked.begin(), unchecked.end(), ctx.world_size) == unchecked.end())
             expect_within_10_percent(p.backward_peak, m.backward_peak, u, label + ", backward peak");
           // The numbers for docs/plan.md: FSDPP_PLAN_REPORT=FILE appends rank 0's line.
           const char* report = std::getenv("FSDPP_PLAN_REPORT");
