@@ -32,9 +32,9 @@ c10::Stream device_stream(const ProcessGroupImpl& g, c10::Device device) {
 }
 
 // Under "gloo" the device backend is the CPU one, which stages CUDA tensors through host memory
-// and has the same limits as on the CPU: it reduces neither half precision nor int16 (fsdpp's
-// CPU collectives sum half precision in float32 and round once, as done here), and moves only
-// the dtypes as_wire maps to.
+// and has the same limits as on the CPU: it reduces neither bfloat16 nor int16 (fsdpp's CPU
+// collectives sum bfloat16 in float32 and round once, as done here), and moves only the dtypes
+// as_wire maps to.
 bool over_gloo(const ProcessGroupImpl& g) { return g.device_backend == g.backend; }
 
 // The dtype a reduction over Gloo runs in: the tensor's own where Gloo reduces it.
