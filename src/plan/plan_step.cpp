@@ -127,7 +127,6 @@ StepPlan plan_and_trace(const ModelShape& model, const ParallelLayout& layout,
   options.reshard_after_forward = layout.reshard_after_forward();
   options.activation_checkpointing = layout.activation_checkpointing();
   options.backward_prefetch = layout.backward_prefetch();
-  options.reduce_done_at_issue = plan.shard_group_size == 1;
   options.shard_group_size = plan.shard_group_size;
   options.trace = trace != nullptr;
   detail::ReplayResult r = detail::replay_step(detail::transformer_tape(model, tp, pbytes), unit_bytes, options);

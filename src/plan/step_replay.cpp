@@ -264,7 +264,7 @@ class StepReplay {
     reduce_in_flight_ = units_[u].reduce_staging + units_[u].reduce_input;
     pending_ = u;
     // A group of one only copies: done by the post-backward's closing finalize.
-    if (options_.reduce_done_at_issue) finalize_reduce_scatter();
+    if (options_.shard_group_size == 1) finalize_reduce_scatter();
     note("post-backward " + unit_name(u));
   }
 

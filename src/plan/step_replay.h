@@ -34,9 +34,8 @@ struct ReplayOptions {
   bool reshard_after_forward = true;
   bool activation_checkpointing = false;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
-  // Whether a reduce-scatter has finished when its unit's post-backward ends (a group of one:
-  // a copy); otherwise its output waits for the next unit's post-backward.
-  bool reduce_done_at_issue = false;
+  // A group of one's reduce-scatter is a copy, finished when its unit's post-backward ends;
+  // otherwise its output waits for the next unit's post-backward.
   int64_t shard_group_size = 1;
   bool trace = false;  // record live bytes after each op and FSDP event
 };
