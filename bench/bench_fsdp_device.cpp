@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
   const double median = fsdpp::bench::median_step(step, warmup, steps, &world);
 
   const double tokens_per_step = double(local_batch) * model_args.max_seq_len * world.size();
-  const double flops = 6.0 * double(params) * tokens_per_step;  // attention's seq^2 term left out
+  const double flops = fsdpp::examples::training_flops_per_token(model_args, params) * tokens_per_step;
   const double mfu = flops / median / world.size() / (peak_tflops * 1e12);
   if (rank == 0)
     std::printf("fsdpp %s world=%d layers=%lld dim=%lld seq=%lld local_batch=%lld params=%.1fM dtype=%s "

@@ -170,4 +170,11 @@ inline at::Tensor language_model_loss(const at::Tensor& logits, const at::Tensor
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
 }
 
+// Model FLOPs of one token's forward and backward, for the MFU (PaLM's appendix B): 6 per
+// parameter (2 forward, 4 backward) plus attention's scores and values, 12 x layers x dim x seq.
+inline double training_flops_per_token(const TransformerArgs& args, int64_t parameters) {
+  return 6.0 * static_cast<double>(parameters) +
+         12.0 * static_cast<double>(args.n_layers * args.dim * args.max_seq_len);
+}
+
 }  // namespace fsdpp::examples

@@ -3,7 +3,8 @@
 # own PyTorch (its libtorch is CUDA-enabled, with NCCL) and runs the GPU tests, within 8 minutes.
 # Then the GPU benchmark: fsdpp's FSDP step (bench/bench_fsdp_device.cpp) against PyTorch's FSDP2
 # (bench/bench_fsdp.py --device cuda) at world size 1 in bfloat16, on bench_fsdp's transformer and
-# a 12-layer dim-1024 one: step time, peak memory, tokens/s and MFU of each, and the ratios.
+# a 12-layer dim-1024 one: step time, peak memory, tokens/s and MFU of each, and the ratios. Last,
+# the trainer (examples/train_gpt) on the GPU in bfloat16 at that 12-layer shape: tokens/s and MFU.
 # Run it from the repository root with the build dependencies the machine lacks carried in
 # .device-deps/ (../shared/tools/device-deps.sh makes it), for example through the device tool:
 #   run(command="sh scripts/run-gpu-tests.sh", carry=[".device-deps"], timeout_s=540)
@@ -26,7 +27,7 @@ cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDPP_PYTHON="$
   -DCMAKE_PREFIX_PATH="$torch_prefix;$PWD/.device-deps" -DCMAKE_CXX_FLAGS="-I$PWD/.device-deps/include" \
   >>"$log" 2>&1 || { tail -30 "$log"; exit 1; }
 step "build (library, tests, the GPU benchmark, fsdpp-run)"
-ninja -C build-device -j16 fsdpp_tests bench_fsdp_device fsdpp-run >>"$log" 2>&1 ||
+ninja -C build-device -j16 fsdpp_tests bench_fsdp_device fsdpp-run train_gpt >>"$log" 2>&1 ||
   { grep -E "error|FAILED" "$log" | head -40; exit 1; }
 
 # The device paths, then the CPU suites they touch (a device change must not break those).
@@ -71,5 +72,12 @@ for shape in "" "--layers 12 --dim 1024 --heads 16 --vocab 32000 --seq 512 --loc
                else { print "GPU benchmark: a run printed no result (see the log)"; exit 1 } }'); then :; else status=1; fi
   echo "$ratios" | tee -a "$log"
 done
+step "trainer on the GPU (--device cuda, deferred init): bf16, 12 layers, dim 1024, seq 512, batch 8"
+cat docs/*.md >build-device/corpus.txt  # ~0.5 MB of text: enough bytes for 40 steps
+if build-device/tools/fsdpp-run --nproc-per-node 1 build-device/examples/train_gpt --data build-device/corpus.txt \
+    --device cuda --param-dtype bfloat16 --layers 12 --dim 1024 --heads 16 --seq 512 --batch 8 --steps 40 \
+    --warmup 5 --log-every 10 --eval-every 40 --eval-batches 2 --progress-bar false >"$out" 2>&1; then :; else status=1; fi
+cat "$out" >>"$log"
+grep -E "^train_gpt|^step|^done|rank [0-9]+:" "$out" | tail -12
 step "done (status $status)"
 exit $status

@@ -38,6 +38,9 @@ std::vector<Flag> flags(Config& c) {
       {"param-dtype", &c.param_dtype, true, "float32 or bfloat16 (FSDP mixed precision; float32 master weights)"},
       {"init", &c.init, false, "deferred: each rank allocates only its shards, initializing one block at a time; eager: "
                               "the whole model on every rank first"},
+      {"device", &c.device, false, "cuda (each rank cuda:LOCAL_RANK), cpu, or auto: cuda where a GPU is present"},
+      {"peak-tflops", &c.peak_tflops, false, "the device's dense peak for the MFU (0: 989, H100/H200 bf16, on CUDA; "
+                                             "none on the CPU)"},
       {"memory-limit", &c.memory_limit, false, "bytes of tensor memory per rank; past it, out of memory (0: none)"},
       {"activation-checkpointing", &c.activation_checkpointing, false, "recompute each block in backward"},
       {"replicate", &c.replicate, false, "HSDP: replicas (mesh replicate x world/replicate); 1: plain FSDP"},
@@ -57,9 +60,10 @@ std::vector<Flag> flags(Config& c) {
   };
 }
 
-std::string value_string(const Target& t) {
+// Exact (17 digits: a checkpoint's record reads back the same double) or, for --help, short.
+std::string value_string(const Target& t, int precision = 17) {
   std::ostringstream out;
-  out.precision(17);
+  out.precision(precision);
   std::visit([&](auto* p) { out << *p; }, t);
   return out.str();
 }
@@ -107,6 +111,9 @@ void Config::validate() const {
     fail("--param-dtype " + c.param_dtype + ": expected float32 or bfloat16");
   if (c.init != "deferred" && c.init != "eager") fail("--init " + c.init + ": expected deferred or eager");
   if (c.memory_limit < 0) fail("--memory-limit must not be negative");
+  if (c.device != "auto" && c.device != "cpu" && c.device != "cuda")
+    fail("--device " + c.device + ": expected cuda, cpu or auto");
+  if (c.peak_tflops < 0) fail("--peak-tflops must not be negative");
   if (c.resume && c.ckpt_dir.empty()) fail("--resume needs --ckpt-dir");
 }
 
@@ -114,8 +121,10 @@ std::string usage() {
   Config defaults;
   std::string text = "usage: train_gpt --data FILE [--flag value]...\n";
   for (const Flag& f : flags(defaults)) {
-    text += "  --" + std::string(f.name) + " (" + value_string(f.target) + ")";
-    text += std::string(std::max<size_t>(1, 34 - text.size() + text.rfind('\n')), ' ') + f.help + "\n";
+    std::string shown = value_string(f.target, 6);
+    for (size_t at = shown.find('\n'); at != std::string::npos; at = shown.find('\n', at)) shown.replace(at, 1, "\\n");
+    const std::string flag = "  --" + std::string(f.name) + " (" + shown + ")";
+    text += flag + std::string(flag.size() < 34 ? 34 - flag.size() : 1, ' ') + f.help + "\n";
   }
   return text;
 }

@@ -2,7 +2,8 @@
 // Byte tokens, FSDP with every block a unit (HSDP with --replicate, bf16 with --param-dtype,
 // activation checkpointing), AdamW with warm-up + cosine and global gradient clipping, progress
 // and validation lines, background checkpoints that --resume continues from at any world size,
-// and at the end one model.safetensors, a text sample generated from it and a summary.
+// and at the end one model.safetensors, a text sample generated from it and a summary. On a GPU
+// (--device, cuda:LOCAL_RANK where one is present) the shards live there and NCCL moves them.
 //   build/tools/fsdpp-run --nproc-per-node 4 build/examples/train_gpt --data corpus.txt --ckpt-dir run
 // docs/train_gpt.md lists the flags and shows a run.
 #include <unistd.h>
@@ -16,6 +17,8 @@
 #include <filesystem>
 #include <optional>
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <fsdpp/checkpoint.h>
@@ -52,14 +55,39 @@ TransformerArgs model_args(const Config& c) {
   return args;
 }
 
+// --device: cuda:LOCAL_RANK (ranks beyond the node's GPUs share them round-robin), or the CPU.
+at::Device compute_device(const Config& c) {
+  if (c.device == "cpu" || (c.device == "auto" && !torch::cuda::is_available())) return at::kCPU;
+  const int64_t gpus = static_cast<int64_t>(torch::cuda::device_count());
+  if (gpus == 0) throw std::invalid_argument("--device cuda: this process sees no CUDA device");
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(fsdpp::get_local_rank() % gpus));
+}
+
+// NCCL for the GPU's tensors where each rank has a GPU of its own; Gloo, staging through host
+// memory, where ranks share one (NCCL refuses two ranks on one device).
+std::string backend_for(const at::Device& device) {
+  if (device.is_cpu()) return "gloo";
+  return fsdpp::get_local_world_size() <= static_cast<int>(torch::cuda::device_count()) ? "cpu:gloo,cuda:nccl" : "gloo";
+}
+
+// Parameters of the model the flags describe (for the MFU), counted on the meta device.
+int64_t parameter_count(const Config& c) {
+  Transformer net = fsdpp::deferred_init([&] { return Transformer(model_args(c)); });
+  int64_t n = 0;
+  for (const auto& p : net->parameters()) n += p.numel();
+  return n;
+}
+
 // --init deferred: built on the meta device, sharded, then each rank initializes its shards one
 // block at a time (or leaves them to the checkpoint it resumes from); eager: the whole model on
-// every rank first. The two give different (equally distributed) initial weights.
-Model build_model(const Config& c, const fsdpp::ProcessGroup& world, bool resuming) {
+// every rank first. The two give different (equally distributed) initial weights. On a GPU only
+// the shards land there (FSDP1's device_id).
+Model build_model(const Config& c, const fsdpp::ProcessGroup& world, const at::Device& device, bool resuming) {
   const bool deferred = c.init == "deferred";
   torch::manual_seed(c.seed);  // the same initial weights on every rank
   Transformer net = deferred ? fsdpp::deferred_init([&] { return Transformer(model_args(c)); }) : Transformer(model_args(c));
   auto options = fsdpp::FullyShardOptions().auto_wrap_policy(fsdpp::ModuleWrapPolicy<TransformerBlockImpl>());
+  if (!device.is_cpu()) options.device_id(device);
   if (c.activation_checkpointing) {
     fsdpp::apply_activation_checkpointing(*net, fsdpp::ModuleWrapPolicy<TransformerBlockImpl>());
     options.auto_wrap_policy(fsdpp::ModuleWrapPolicy<fsdpp::CheckpointWrapperImpl<TransformerBlockImpl>>());
@@ -115,8 +143,10 @@ std::pair<at::Tensor, at::Tensor> windows(const TextCorpus& corpus, const std::v
   return {tokens.narrow(1, 0, seq).contiguous(), tokens.narrow(1, 1, seq).contiguous()};
 }
 
+// The root moves the tokens to the compute device; the targets follow the logits.
 at::Tensor loss_of(Model& model, const at::Tensor& tokens, const at::Tensor& targets) {
-  return fsdpp::examples::language_model_loss(model->forward(tokens).to(torch::kFloat), targets);
+  const at::Tensor logits = model->forward(tokens).to(torch::kFloat);
+  return fsdpp::examples::language_model_loss(logits, targets.to(logits.device()));
 }
 
 // Mean loss over the validation windows; each rank evaluates its slice.
@@ -176,9 +206,11 @@ bool kill_in_save(int64_t step, int rank) {
   return at != nullptr && rank == 0 && std::atoll(at) == step;
 }
 
-int run(Config c, const fsdpp::ProcessGroup& world) {
+int run(Config c, const fsdpp::ProcessGroup& world, const at::Device& device) {
   const int rank = world.rank(), n = world.size();
   const auto started = Clock::now();
+  if (c.memory_limit > 0 && !device.is_cpu())
+    throw std::invalid_argument("--memory-limit limits CPU tensor memory; on " + device.str() + " the GPU's own memory is the limit");
   if (c.memory_limit > 0) fsdpp::set_memory_limit(c.memory_limit);
   std::optional<SavedStep> resume_from;
   if (!c.resume_from.empty()) {
@@ -208,7 +240,7 @@ int run(Config c, const fsdpp::ProcessGroup& world) {
   Progress progress(rank == 0, c.progress_bar, c.steps);
   TextCorpus corpus(c.data, c.val_fraction, c.seq + 1);
   BatchSampler sampler(static_cast<uint64_t>(c.seed), corpus.train_bytes(), c.seq + 1);
-  Model model = build_model(c, world, resume_from.has_value());
+  Model model = build_model(c, world, device, resume_from.has_value());
   torch::optim::AdamW opt = build_optimizer(model, c);
 
   int64_t step = 0;
@@ -230,11 +262,11 @@ int run(Config c, const fsdpp::ProcessGroup& world) {
   fsdpp::barrier();
   const double entropy = corpus.unigram_entropy();
   progress.line(format("train_gpt: %s, %lld bytes (%lld train / %lld validation), unigram entropy %.4f nats/byte; "
-                       "%lld layers, dim %lld, %lld heads, seq %lld, batch %lld; %d ranks%s%s%s",
+                       "%lld layers, dim %lld, %lld heads, seq %lld, batch %lld; %d ranks on %s%s%s%s",
                        c.data.c_str(), static_cast<long long>(corpus.size()), static_cast<long long>(corpus.train_bytes()),
                        static_cast<long long>(corpus.val_bytes()), entropy, static_cast<long long>(c.layers),
                        static_cast<long long>(c.dim), static_cast<long long>(c.heads), static_cast<long long>(c.seq),
-                       static_cast<long long>(c.batch), n,
+                       static_cast<long long>(c.batch), n, device.is_cpu() ? "the CPU" : ("CUDA over " + backend_for(device)).c_str(),
                        c.replicate > 1 ? format(", HSDP %lld x %lld", static_cast<long long>(c.replicate),
                                                 static_cast<long long>(n / c.replicate)).c_str() : "",
                        c.param_dtype == "bfloat16" ? ", bf16 compute" : "",
@@ -254,7 +286,10 @@ int run(Config c, const fsdpp::ProcessGroup& world) {
   std::vector<double> interval_losses;
   double interval_seconds = 0, train_seconds = 0;
   int64_t interval_bytes_start = comm.total_bytes_sent(), steps_this_run = 0;
-  fsdpp::reset_peak_memory_stats();
+  // The MFU: model FLOPs per second over the devices' dense peak (stated in the line).
+  const double peak_tflops = c.peak_tflops > 0 ? c.peak_tflops : device.is_cpu() ? 0 : 989;
+  const double flops_per_token = fsdpp::examples::training_flops_per_token(model_args(c), parameter_count(c));
+  fsdpp::reset_peak_memory_stats(device);
   double val_loss = NAN;
   while (step < last) {
     const auto t0 = Clock::now();
@@ -268,29 +303,34 @@ int run(Config c, const fsdpp::ProcessGroup& world) {
     opt.step();
     ++step;
     ++steps_this_run;
+    interval_losses.push_back(loss.item<double>());  // on a GPU: waits for the step's kernels
     const double dt = seconds_since(t0);
     interval_seconds += dt;
     train_seconds += dt;
-    interval_losses.push_back(loss.item<double>());
     progress.step(step, interval_losses.back());
 
     if (step % c.log_every == 0 || step == last) {
       at::Tensor losses = torch::tensor(interval_losses, torch::kDouble);
       fsdpp::all_reduce(losses, fsdpp::ReduceOp::AVG);
-      at::Tensor peaks = torch::tensor({static_cast<double>(fsdpp::memory_stats().peak_bytes),
+      at::Tensor peaks = torch::tensor({static_cast<double>(fsdpp::memory_stats(device).peak_bytes),
                                         static_cast<double>(comm.total_bytes_sent() - interval_bytes_start)},
                                        torch::kDouble);
       fsdpp::all_reduce(peaks, fsdpp::ReduceOp::MAX);
       const double k = static_cast<double>(interval_losses.size());
+      const double tokens_per_s = k * static_cast<double>(c.batch * c.seq) / interval_seconds;
+      const std::string mfu = peak_tflops > 0 ? format(" | MFU %.1f%% of %.0f TFLOP/s", 100 * tokens_per_s * flops_per_token /
+                                                                                          (n * peak_tflops * 1e12),
+                                                      peak_tflops)
+                                              : "";
       progress.line(format("step %6lld/%lld | loss %.6f | lr %.2e | %8.0f tok/s | %7.1f ms/step | peak %.1f MiB | "
-                           "sent %.2f MiB/step (max over ranks)",
+                           "sent %.2f MiB/step (max over ranks)%s",
                            static_cast<long long>(step), static_cast<long long>(c.steps), losses.mean().item<double>(),
-                           learning_rate(c, step - 1), k * static_cast<double>(c.batch * c.seq) / interval_seconds,
-                           1e3 * interval_seconds / k, mib(peaks[0].item<double>()), mib(peaks[1].item<double>()) / k));
+                           learning_rate(c, step - 1), tokens_per_s, 1e3 * interval_seconds / k,
+                           mib(peaks[0].item<double>()), mib(peaks[1].item<double>()) / k, mfu.c_str()));
       interval_losses.clear();
       interval_seconds = 0;
       interval_bytes_start = comm.total_bytes_sent();
-      fsdpp::reset_peak_memory_stats();
+      fsdpp::reset_peak_memory_stats(device);
     }
     if (step % c.eval_every == 0 || step == c.steps) {
       val_loss = validation_loss(model, corpus, c, rank, n);
@@ -332,7 +372,7 @@ int run(Config c, const fsdpp::ProcessGroup& world) {
                        "%lld bytes",
                        static_cast<long long>(steps_this_run), seconds_since(started), train_seconds,
                        tokens / std::max(1e-9, train_seconds), val_loss, entropy, val_loss / entropy,
-                       static_cast<long long>(fsdpp::memory_stats().peak_bytes)));
+                       static_cast<long long>(fsdpp::memory_stats(device).peak_bytes)));
   return 0;
 }
 
@@ -341,20 +381,24 @@ int run(Config c, const fsdpp::ProcessGroup& world) {
 
 int main(int argc, char** argv) {
   train_gpt::Config config;
+  at::Device device = at::kCPU;
   try {
     config = train_gpt::parse_flags(argc, argv);
+    device = train_gpt::compute_device(config);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
     return 2;
   }
-  auto world = fsdpp::init_process_group();
+  // As torch.cuda.set_device(LOCAL_RANK) before init_process_group.
+  if (device.is_cuda()) c10::impl::getDeviceGuardImpl(device.type())->setDevice(device);
+  auto world = fsdpp::init_process_group(fsdpp::InitProcessGroupOptions().backend(train_gpt::backend_for(device)));
   int status = 1;
   try {
-    status = train_gpt::run(config, world);
+    status = train_gpt::run(config, world, device);
   } catch (const c10::OutOfMemoryError& e) {
     // As on a GPU: say what did not fit and what this rank held at its peak, then exit.
     std::fprintf(stderr, "train_gpt: rank %d: %s (peak tensor memory %lld bytes)\n", world.rank(),
-                 e.what_without_backtrace(), static_cast<long long>(fsdpp::memory_stats().peak_bytes));
+                 e.what_without_backtrace(), static_cast<long long>(fsdpp::memory_stats(device).peak_bytes));
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: rank %d: %s\n", world.rank(), e.what());

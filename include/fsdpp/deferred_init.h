@@ -55,17 +55,20 @@ struct MaterializeOptions {
   TORCH_ARG(ParamInitFn, param_init_fn) = nullptr;
 };
 
-// Allocates and initializes every deferred parameter and buffer of `model` on the CPU. An FSDP
-// unit is allocated whole on this rank, initialized, and cut to this rank's rows before the next
-// unit: the peak is the shards plus one unit, and no collective runs. A module with deferred
+// Allocates and initializes every deferred parameter and buffer of `model`. An FSDP unit is
+// allocated whole in host memory on this rank, initialized, and cut to this rank's rows before
+// the next unit: the peak is the shards plus one unit, and no collective runs. Values are drawn
+// on the host; the shards, and the buffers of the modules a unit holds, then live on the unit's
+// compute device (FullyShardOptions::device_id, e.g. a GPU), tensors outside units on the CPU. A module with deferred
 // tensors that neither param_init_fn nor a libtorch reset_parameters() initializes is an error
 // naming it (checked for every module before any is touched when param_init_fn is unset).
 // Defaults cover Linear, Bilinear, Embedding, EmbeddingBag, LayerNorm, GroupNorm, Conv1d-3d,
 // ConvTranspose1d-3d and BatchNorm1d-3d / InstanceNorm1d-3d.
 void materialize_module(torch::nn::Module& model, const MaterializeOptions& options = {});
 
-// Module::to_empty(device="cpu"): gives every deferred tensor memory without initializing it,
-// for a checkpoint or state dict load to fill (an FSDP unit's shards: only this rank's rows).
+// Module::to_empty: gives every deferred tensor memory without initializing it, for a checkpoint
+// or state dict load to fill (an FSDP unit's shards: only this rank's rows), on the device
+// materialize_module would put it on.
 void to_empty(torch::nn::Module& model);
 
 // Whether any parameter or buffer of `model` still waits for materialize_module or to_empty.

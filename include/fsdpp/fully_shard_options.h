@@ -188,6 +188,14 @@ struct FullyShardOptions {
   // FSDP1's ignored_modules: every parameter of these submodules (or of the wrapped module
   // itself) is ignored as above, and an auto-wrap policy makes no unit of them.
   TORCH_ARG(std::vector<std::shared_ptr<torch::nn::Module>>, ignored_modules);
+  // FSDP1's device_id (FSDP2 takes it from its mesh): the device the unit computes on, e.g.
+  // cuda:LOCAL_RANK. Parameters on the CPU are sharded straight onto it, so the whole model never
+  // lands there, and the wrapped module's buffers move there; parameters built under
+  // deferred_init get their shards there (materialize_module initializes them on the host, with
+  // the same values as on the CPU). The root moves its forward's tensor inputs there. Unset: the
+  // parameters' own device (the CPU for deferred ones). Parameters already on another
+  // accelerator are an error naming them.
+  TORCH_ARG(std::optional<at::Device>, device_id);
   // FSDP1's sync_module_states: each unit's parameters and buffers take rank 0's values
   // (rank 0 of the shard group, then of the replicate group), broadcast one unit at a time, so
   // only rank 0 needs them: the other ranks may build the model under deferred_init.

@@ -23,7 +23,8 @@ struct ProcessGroupImpl;
 // Options of init_process_group, spelled like PyTorch's arguments (libtorch's TORCH_ARG style:
 // `name(v)` sets and returns *this, `name()` reads).
 struct InitProcessGroupOptions {
-  // "gloo" (CPU tensors). "nccl" is accepted only when libtorch was built with it.
+  // "gloo"; "nccl" or "cpu:gloo,cuda:nccl" (CUDA tensors over NCCL, needs a CUDA-enabled
+  // libtorch); "cpu:gloo,cuda:gloo" (docs/api.md, "Process groups").
   TORCH_ARG(std::string, backend) = "gloo";
   // "env://" (default: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as torchrun sets them),
   // "tcp://host:port" or "file:///path/to/file".

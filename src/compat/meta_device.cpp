@@ -39,8 +39,8 @@ void give_meta_tensor_data(const at::Tensor& meta, const at::Tensor& data) {
   meta.unsafeGetTensorImpl()->shallow_copy_from(data.getIntrusivePtr());
 }
 
-void give_meta_tensor_memory(const at::Tensor& meta) {
-  give_meta_tensor_data(meta, at::empty(meta.sizes(), meta.options().device(at::kCPU)));
+void give_meta_tensor_memory(const at::Tensor& meta, const at::Device& device) {
+  give_meta_tensor_data(meta, at::empty(meta.sizes(), meta.options().device(device)));
 }
 
 }  // namespace fsdpp::compat

@@ -27,7 +27,7 @@ class MetaDeviceScope {
 // replacing its TensorImpl, so a module's member and its registered parameter stay one
 // tensor and requires_grad is kept. Tensor::set_data refuses a meta-to-real change.
 void give_meta_tensor_data(const at::Tensor& meta, const at::Tensor& data);
-// The same with uninitialized CPU memory of its shape and dtype (PyTorch's to_empty).
-void give_meta_tensor_memory(const at::Tensor& meta);
+// The same with uninitialized memory of its shape and dtype on `device` (PyTorch's to_empty).
+void give_meta_tensor_memory(const at::Tensor& meta, const at::Device& device = at::kCPU);
 
 }  // namespace fsdpp::compat

@@ -7,7 +7,6 @@
 #include <fsdpp/collectives.h>
 
 #include "comm/chained_collectives.h"
-#include "comm/device_collectives.h"
 #include "comm/process_group_impl.h"
 #include "comm/shm_transport.h"
 #include "fsdp/storage_memory.h"
@@ -24,7 +23,11 @@ void wait_quietly(const Work& work) noexcept {
 }
 }  // namespace
 
-bool gathers_in_place(const ProcessGroup& group) { return group.size() == 1 || uses_shared_memory(group); }
+// A device's gathers place each rank's block with device copies (comm/device_collectives.h),
+// whatever the group's transport.
+bool gathers_in_place(const ProcessGroup& group, const at::Device& device) {
+  return !device.is_cpu() || group.size() == 1 || uses_shared_memory(group);
+}
 
 ProcessGroup post_forward_group(const ProcessGroup& group, int k) { return consecutive_subgroup(group, k); }
 
@@ -34,9 +37,7 @@ UnitAllGather::~UnitAllGather() {
 
 void UnitAllGather::start(const at::Tensor& input, const ProcessGroup& group, std::shared_ptr<const GatherLayout> layout,
                           const at::Tensor& target) {
-  // A device's gathers place each rank's block with device copies (comm/device_collectives.h),
-  // whatever the group's transport.
-  const bool in_place = on_device(input) || (in_place_ && layout->blocks_per_member == 1);
+  const bool in_place = in_place_ && (any_layout_in_place_ || layout->blocks_per_member == 1);
   testing_delay(testing_delays().before_all_gather_ms);
   // Not in place: rank-major, placed at the wait. The unit computing meanwhile has resharded by
   // then, so that output and the parameters never coexist with it (placed on the comm thread,

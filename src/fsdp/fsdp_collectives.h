@@ -24,7 +24,7 @@ namespace fsdpp::detail {
 // flat: over shared memory (the peers' bytes are placed from the segment) and on one rank. Over
 // Gloo a peer's block is one message, so the gather goes through a rank-major output placed at
 // the wait. Decided once per unit, after its first collective settled the group's transport.
-bool gathers_in_place(const ProcessGroup& group);
+bool gathers_in_place(const ProcessGroup& group, const at::Device& device);
 // The k-rank post-forward group of reshard_after_forward = k: consecutive ranks of `group`.
 ProcessGroup post_forward_group(const ProcessGroup& group, int k);
 
@@ -36,9 +36,12 @@ class UnitAllGather {
   UnitAllGather& operator=(const UnitAllGather&) = delete;
   ~UnitAllGather();
 
-  // Chooses the path of the gathers of sharded flats over the unit's `group`
+  // Chooses the path of the gathers of sharded flats over the unit's `group` into `device`
   // (gathers_in_place); called once its first collective settled the group's transport.
-  void choose_path(const ProcessGroup& group) { in_place_ = gathers_in_place(group); }
+  void choose_path(const ProcessGroup& group, const at::Device& device) {
+    in_place_ = gathers_in_place(group, device);
+    any_layout_in_place_ = !device.is_cpu();
+  }
   // Starts gathering `input` over `group` into `target` (layout.ranks blocks), whose memory is
   // allocated on the comm thread when the exchange starts, so that a prefetch queued behind a
   // reduce-scatter does not coexist with that reduce-scatter's input. In place (the path chosen,
@@ -54,6 +57,7 @@ class UnitAllGather {
 
  private:
   bool in_place_ = false;
+  bool any_layout_in_place_ = false;  // a device places each block with a copy of its own
   Work work_;
   bool in_flight_ = false;
   at::Tensor target_;

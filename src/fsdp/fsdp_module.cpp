@@ -25,12 +25,17 @@ void cast_floating(at::Tensor& t, at::ScalarType dtype) {
 }
 
 // The parameters a unit will shard (all of the module's that no inner unit owns and that are
-// not ignored) share one device: the compute device, or the meta device (deferred_init).
+// not ignored) share one device: the compute device, or the meta device (deferred_init). With a
+// device_id, the CPU too (they are sharded onto it), but no other accelerator.
 void check_parameter_devices(const torch::nn::Module& module, const std::unordered_set<const c10::TensorImpl*>& ignored,
-                             const std::string& unit) {
+                             const std::optional<at::Device>& device_id, const std::string& unit) {
   std::optional<std::pair<std::string, at::Device>> first;
   for (const auto& [name, p] : detail::unwrapped_parameters(module)) {
     if (ignored.count(p.unsafeGetTensorImpl())) continue;
+    if (device_id && !p.is_cpu() && !p.is_meta() && p.device() != *device_id)
+      throw Error("fully_shard of " + unit + ": parameter '" + name + "' is on " + p.device().str() + " but device_id is " +
+                  device_id->str() + "; build the module on the CPU, on " + device_id->str() +
+                  " or under deferred_init, or give the device it is on");
     if (!first) {
       first.emplace(name, p.device());
     } else if (p.device() != first->second) {
@@ -42,9 +47,8 @@ void check_parameter_devices(const torch::nn::Module& module, const std::unorder
   }
 }
 
-// sync_module_states for buffers, which no unit shards: those of the modules no inner unit owns
-// take rank 0's values, along the same path as the parameters (memory first where deferred).
-void sync_buffers_from_rank0(const torch::nn::Module& module, const detail::UnitGroups& groups, const std::string& unit) {
+// The buffers of the modules no inner unit owns (each unit takes care of its own).
+std::vector<std::pair<std::string, at::Tensor>> unit_buffers(const torch::nn::Module& module) {
   std::unordered_set<const c10::TensorImpl*> inner;
   for (const auto& m : module.modules())
     if (auto* f = dynamic_cast<FSDPModule*>(m.get()))
@@ -52,6 +56,22 @@ void sync_buffers_from_rank0(const torch::nn::Module& module, const detail::Unit
   std::vector<std::pair<std::string, at::Tensor>> buffers;
   for (const auto& b : module.named_buffers())
     if (b.value().defined() && !inner.count(b.value().unsafeGetTensorImpl())) buffers.emplace_back(b.key(), b.value());
+  return buffers;
+}
+
+// device_id: the unit's buffers computed with where its parameters are (deferred ones get their
+// memory there from materialize_module or to_empty).
+void move_buffers_to(const torch::nn::Module& module, const at::Device& device) {
+  at::NoGradGuard no_grad;
+  for (auto& [name, b] : unit_buffers(module))
+    if (!b.is_meta() && b.device() != device) b.set_data(b.to(device));
+}
+
+// sync_module_states for buffers, which no unit shards: those of the modules no inner unit owns
+// take rank 0's values, along the same path as the parameters (memory first where deferred).
+void sync_buffers_from_rank0(const torch::nn::Module& module, const detail::UnitGroups& groups, const std::string& unit,
+                             const std::optional<at::Device>& device_id) {
+  const auto buffers = unit_buffers(module);
   if (buffers.empty()) return;  // the same on every rank (one model)
   const bool source = groups.shard.rank() == 0 && (!groups.replicated() || groups.replicate.rank() == 0);
   bool has_values = true;
@@ -67,7 +87,7 @@ void sync_buffers_from_rank0(const torch::nn::Module& module, const detail::Unit
     throw Error("fully_shard of " + unit + " with sync_module_states: rank 0 holds no values for buffer '" +
                 buffers.front().first + "' (it was built under deferred_init); rank 0 must build the model with its values");
   for (const auto& [name, t] : buffers) {
-    if (t.is_meta()) compat::give_meta_tensor_memory(t);
+    if (t.is_meta()) compat::give_meta_tensor_memory(t, device_id.value_or(at::kCPU));
     along_path(t);
   }
 }
@@ -91,18 +111,19 @@ FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOpti
   options.reshard_after_forward().check(groups.shard.size(), unit, groups.shard.name());
   mp_policy_.check(unit);
   const auto ignored = detail::ignored_parameters(*module_, options, unit);
-  check_parameter_devices(*module_, ignored, unit);
+  check_parameter_devices(*module_, ignored, options.device_id(), unit);
   if (options.auto_wrap_policy()) detail::apply_auto_wrap_policy(*module_, *options.auto_wrap_policy(), options);
   // Parameters owned by inner units stay theirs; ignored ones stay the module's.
   auto params = detail::unwrapped_parameters(*module_);
   params.erase(std::remove_if(params.begin(), params.end(),
                               [&](const auto& p) { return ignored.count(p.second.unsafeGetTensorImpl()) > 0; }),
                params.end());
-  if (options.sync_module_states()) sync_buffers_from_rank0(*module_, groups, unit);
+  if (options.device_id()) move_buffers_to(*module_, *options.device_id());
+  if (options.sync_module_states()) sync_buffers_from_rank0(*module_, groups, unit, options.device_id());
   state_ = std::make_shared<detail::FSDPState>(
       unit, std::move(params), std::move(groups),
       detail::ParamGroupPolicies{options.reshard_after_forward(), mp_policy_, options.offload_policy(),
-                                 options.sync_module_states()},
+                                 options.sync_module_states(), options.device_id()},
       options.backward_prefetch());
   state_->register_self();
 }
@@ -124,6 +145,9 @@ void FSDPModule::forward_steps(const std::vector<at::Tensor*>& inputs,
     state_->lazy_init_as_root(inner);
   }
   state_->pre_forward();
+  if (state_->is_root() && state_->input_device())
+    for (at::Tensor* t : inputs)
+      if (t->defined() && t->device() != *state_->input_device()) *t = t->to(*state_->input_device());
   const MixedPrecisionPolicy& mp = mp_policy_;
   if (mp.cast_forward_inputs() && mp.param_dtype())
     for (at::Tensor* t : inputs) cast_floating(*t, *mp.param_dtype());

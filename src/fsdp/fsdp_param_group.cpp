@@ -55,15 +55,14 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> p
     params_.emplace_back(name, p, process_group_);
   }
   check_same_on_all_ranks();
-  // Read once the check's all-reduce decided the group's transport (on its comm thread).
-  all_gather_.choose_path(process_group_);
   flat_ = UnitFlatLayout(params_, world_size_);
   gather_layout_ = std::make_shared<const GatherLayout>(flat_.gather_layout());
   if (post_forward_size() > 0)
     post_forward_gather_layout_ = std::make_shared<const GatherLayout>(flat_.gather_layout(world_size_ / post_forward_size()));
-  // Deferred parameters are computed with on the CPU, the one compute device so far.
   deferred_ = first.is_meta();
-  compute_device_ = deferred_ ? at::Device(at::kCPU) : first.device();
+  compute_device_ = policies.device_id.value_or(deferred_ ? at::Device(at::kCPU) : first.device());
+  // Read once the check's all-reduce decided the group's transport (on its comm thread).
+  all_gather_.choose_path(process_group_, compute_device_);
   // The full parameters this frees are never allocated again: back to the system, not cached.
   NoCachingScope no_caching;
   const at::Tensor from_rank0 = policies.sync_module_states ? broadcast_from_rank0(first.scalar_type()) : at::Tensor();
@@ -234,15 +233,16 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
 void FSDPParamGroup::materialize(const std::function<void()>& init) {
   if (unsharded_ || all_gather_.in_flight())
     throw Error("FSDP unit " + unit_name_ + ": materialize while its parameters are gathered");
-  // The parameters' own dtype: the compute buffer itself, whose views they already are (nothing
-  // to rebind, so nothing can be left pointing at freed memory); under a lower param_dtype, a
-  // buffer of their dtype, the views rebound to the compute buffer afterwards.
-  const bool own_dtype = unsharded_flat_.scalar_type() == sharded_flat_.scalar_type();
+  // Computing on the CPU in the parameters' own dtype: the compute buffer itself, whose views they
+  // already are (nothing to rebind, so nothing can be left pointing at freed memory). Otherwise a
+  // host buffer of their dtype, the views rebound to the compute buffer afterwards: initializers
+  // draw from the CPU generator, so a unit computing on a GPU gets the CPU's values.
+  const bool own_dtype = unsharded_flat_.scalar_type() == sharded_flat_.scalar_type() && compute_device_.is_cpu();
   at::Tensor full = unsharded_flat_;
   if (own_dtype) {
     allocate_storage(unsharded_flat_);
   } else {
-    full = at::empty({flat_.unsharded_numel()}, sharded_flat_.options().device(compute_device_).pinned_memory(false));
+    full = at::empty({flat_.unsharded_numel()}, sharded_flat_.options().device(at::kCPU).pinned_memory(false));
     bind_unsharded(full);
   }
   for (auto& p : params_) p.to_unsharded();

@@ -38,12 +38,13 @@ struct ParamGroupPolicies {
   MixedPrecisionPolicy mp_policy;
   OffloadPolicy offload_policy;
   bool sync_module_states = false;
+  std::optional<at::Device> device_id;  // checked by the caller against the parameters' device
 };
 
 class FSDPParamGroup {
  public:
-  // The policies are checked by the caller. The compute device is the parameters' device (the
-  // CPU for parameters on the meta device, which are deferred).
+  // The policies are checked by the caller. The compute device is device_id, else the
+  // parameters' device (the CPU for parameters on the meta device, which are deferred).
   // Parameters are sharded across groups.shard; under HSDP each reduced gradient shard is then
   // averaged across groups.replicate.
   // `trace_name` tells units apart in profiler spans (unit names are module type names).
@@ -88,6 +89,7 @@ class FSDPParamGroup {
   // no values until this or mark_materialized (to_empty: a checkpoint load fills the shards).
   void materialize(const std::function<void()>& init);
   bool deferred() const { return deferred_; }
+  const at::Device& compute_device() const { return compute_device_; }
   void mark_materialized() { deferred_ = false; }
   // set_reshard_after_forward: a bool from now on (no post-forward shard).
   void set_reshard_after_forward(bool v) { reshard_policy_ = ReshardPolicy(v); }

@@ -136,6 +136,12 @@ void FSDPState::lazy_init_as_root(const std::vector<std::shared_ptr<FSDPState>>&
     s->context_ = context_;
     context_->states.push_back(s);
   }
+  // FSDP2's root moves the forward's inputs to its accelerator: the first unit's that has one.
+  for (auto& w : context_->states)
+    if (auto s = w.lock(); s && s->param_group_ && !s->param_group_->compute_device().is_cpu()) {
+      input_device_ = s->param_group_->compute_device();
+      break;
+    }
 }
 
 namespace {

@@ -60,6 +60,8 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   const ProcessGroup& process_group() const { return process_group_; }
   bool is_root() const { return is_root_; }
   bool lazy_initialized() const { return lazy_initialized_; }
+  // The root's: the accelerator its forward's tensor inputs are moved to (none on the CPU).
+  const std::optional<at::Device>& input_device() const { return input_device_; }
   // Between this unit's pre-forward and post-forward, or inside a backward of its tree.
   bool in_forward_or_backward() const {
     return training_state_ != TrainingState::kIdle || (context_ && context_->final_callback_queued);
@@ -138,6 +140,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   std::optional<FSDPParamGroup> param_group_;
   bool is_last_backward_ = true;
   bool is_root_ = false;
+  std::optional<at::Device> input_device_;
   bool lazy_initialized_ = false;
   std::shared_ptr<FSDPRootContext> context_;  // shared by the tree; null before lazy init
   // When this unit prefetches for backward; none: only an explicit list, at pre-backward.

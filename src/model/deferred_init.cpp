@@ -42,23 +42,28 @@ namespace {
 using detail::FSDPParamGroup;
 
 // A module of the user's model under the name it has without fsdpp's wrappers, so that the
-// seed, and with it the values, do not depend on the wrapping.
+// seed, and with it the values, do not depend on the wrapping; and the device its tensors are
+// computed with: the compute device of the innermost unit around it (FullyShardOptions'
+// device_id), else the CPU.
 struct NamedModule {
   std::string name;
   torch::nn::Module* module;
+  at::Device home;
 };
 
-void walk(torch::nn::Module& m, const std::string& name, std::vector<NamedModule>& out) {
-  out.push_back({name, &m});
+void walk(torch::nn::Module& m, const std::string& name, at::Device home, std::vector<NamedModule>& out) {
+  if (auto* unit = dynamic_cast<FSDPModule*>(&m))
+    if (const FSDPParamGroup* g = detail::UnitMaterialization::group(*unit)) home = g->compute_device();
+  out.push_back({name, &m, home});
   for (const auto& child : m.named_children()) {
     const bool wrapper_child = child.key() == "_fsdp_wrapped_module" || child.key() == "_checkpoint_wrapped_module";
-    walk(*child.value(), wrapper_child ? name : (name.empty() ? child.key() : name + "." + child.key()), out);
+    walk(*child.value(), wrapper_child ? name : (name.empty() ? child.key() : name + "." + child.key()), home, out);
   }
 }
 
 std::vector<NamedModule> modules_of(torch::nn::Module& model) {
   std::vector<NamedModule> out;
-  walk(model, "", out);
+  walk(model, "", at::kCPU, out);
   return out;
 }
 
@@ -146,10 +151,16 @@ uint64_t module_seed(uint64_t seed, const std::string& name) {
   return h;
 }
 
-// Memory for the module's meta tensors (its unit's parameters are given theirs by the unit).
-void allocate_meta_tensors(torch::nn::Module& m) {
+// Memory on `device` for the module's meta tensors (its unit's parameters are given theirs by
+// the unit); returns them.
+std::vector<at::Tensor> allocate_meta_tensors(torch::nn::Module& m, const at::Device& device) {
+  std::vector<at::Tensor> allocated;
   for (const auto& [name, t] : own_tensors(m))
-    if (t.defined() && t.is_meta()) compat::give_meta_tensor_memory(t);
+    if (t.defined() && t.is_meta()) {
+      compat::give_meta_tensor_memory(t, device);
+      allocated.push_back(t);
+    }
+  return allocated;
 }
 
 // The default CPU generator seeded for one module, and given back its state afterwards (also
@@ -173,13 +184,17 @@ class SeededGenerator {
   at::Tensor saved_;
 };
 
+// On the host, where the seeded CPU generator draws every value whatever the compute device;
+// the module's own tensors then move to it (a unit's parameters are written into its shards).
 void initialize(const Pending& p, const MaterializeOptions& options) {
-  allocate_meta_tensors(*p.at.module);
+  const std::vector<at::Tensor> own = allocate_meta_tensors(*p.at.module, at::kCPU);
   SeededGenerator seeded(module_seed(options.seed(), p.at.name));
   at::NoGradGuard no_grad;
   const bool done =
       (options.param_init_fn() && options.param_init_fn()(*p.at.module)) || libtorch_reset(*p.at.module, /*apply=*/true);
   if (!done) throw Error(no_init_error(p));
+  for (at::Tensor t : own)
+    if (t.device() != p.at.home) t.set_data(t.to(p.at.home));
 }
 
 }  // namespace
@@ -206,7 +221,7 @@ void materialize_module(torch::nn::Module& model, const MaterializeOptions& opti
 void to_empty(torch::nn::Module& model) {
   const auto modules = modules_of(model);
   for (const auto& nm : modules) {
-    allocate_meta_tensors(*nm.module);
+    allocate_meta_tensors(*nm.module, nm.home);
     if (auto* unit = dynamic_cast<FSDPModule*>(nm.module))
       if (FSDPParamGroup* g = detail::UnitMaterialization::group(*unit)) g->mark_materialized();
   }

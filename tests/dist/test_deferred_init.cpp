@@ -12,6 +12,7 @@
 #include <fsdpp/state_dict.h>
 #include <fsdpp/wrap_policy.h>
 
+#include "dist/deferred_init_fixtures.h"
 #include "dist/fsdp_test_util.h"
 #include "harness/error_of.h"
 #include "transformer.h"
@@ -24,13 +25,8 @@ using examples::TransformerArgs;
 using examples::TransformerBlockImpl;
 namespace ckpt = checkpoint;
 
-TransformerArgs small_args() {
-  TransformerArgs args;
-  args.n_layers = 4;
-  args.dim = 16;
-  args.vocab_size = 40;
-  return args;
-}
+using testing::small_transformer_args;
+using testing::transformer_init_options;
 
 // A module with buffers beside the transformer: BatchNorm's running statistics.
 struct NormedTransformerImpl : torch::nn::Module {
@@ -44,14 +40,10 @@ struct NormedTransformerImpl : torch::nn::Module {
 };
 TORCH_MODULE(NormedTransformer);
 
-MaterializeOptions init_options(uint64_t seed = 0) {
-  return MaterializeOptions().seed(seed).param_init_fn(examples::init_transformer_module);
-}
-
 // The reference: the plain model built deferred and materialized in this one process.
 NormedTransformer plain_reference(uint64_t seed = 0) {
-  auto model = deferred_init([] { return NormedTransformer(small_args()); });
-  materialize_module(*model, init_options(seed));
+  auto model = deferred_init([] { return NormedTransformer(small_transformer_args()); });
+  materialize_module(*model, transformer_init_options(seed));
   return model;
 }
 
@@ -135,13 +127,13 @@ TEST_P(DeferredInitSharded, EqualsThePlainModelAndTrains) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     NormedTransformer reference = plain_reference();
     const auto expected = values_of(*reference);
-    auto model = deferred_init([] { return NormedTransformer(small_args()); });
+    auto model = deferred_init([] { return NormedTransformer(small_transformer_args()); });
     auto options = FullyShardOptions().auto_wrap_policy(ModuleWrapPolicy<TransformerBlockImpl>());
     auto root = fully_shard(model, options);
     EXPECT_TRUE(has_deferred_tensors(*root));
     const int64_t base = memory_stats().current_bytes;
     reset_peak_memory_stats();
-    materialize_module(*root, init_options());
+    materialize_module(*root, transformer_init_options());
     EXPECT_FALSE(has_deferred_tensors(*root));
     // Beyond the shards (allocated by fully_shard): the buffers and one unit at a time (the
     // largest is a block, a sixth of the model), not the model.
@@ -186,12 +178,12 @@ FSDPP_INSTANTIATE_WORLD_SIZES(DeferredInitSharded);
 TEST(DeferredInitHSDP, EqualsThePlainModel) {
   run_ranks(4, [](RankContext& ctx) {
     const auto expected = values_of(*plain_reference());
-    auto model = deferred_init([] { return NormedTransformer(small_args()); });
+    auto model = deferred_init([] { return NormedTransformer(small_transformer_args()); });
     auto options = FullyShardOptions()
                        .mesh(init_device_mesh(ctx.world, {2, 2}, {"replicate", "shard"}))
                        .auto_wrap_policy(ModuleWrapPolicy<TransformerBlockImpl>());
     FullyShardedDataParallel<NormedTransformerImpl> root(model, options);
-    materialize_module(*root, init_options());
+    materialize_module(*root, transformer_init_options());
     auto guard = summon_full_params(*root, /*writeback=*/false);
     const auto actual = values_of(*root);
     for (const auto& [name, v] : expected) EXPECT_TRUE(at::equal(actual.at(name), v)) << name;
@@ -206,8 +198,8 @@ TEST(DeferredInitMixedPrecision, MaterializesInTheParametersDtype) {
     auto options = FullyShardOptions()
                        .auto_wrap_policy(ModuleWrapPolicy<TransformerBlockImpl>())
                        .mp_policy(MixedPrecisionPolicy().param_dtype(at::kBFloat16));
-    auto root = fully_shard(deferred_init([] { return NormedTransformer(small_args()); }), options);
-    materialize_module(*root, init_options());
+    auto root = fully_shard(deferred_init([] { return NormedTransformer(small_transformer_args()); }), options);
+    materialize_module(*root, transformer_init_options());
     auto guard = summon_full_params(*root, /*writeback=*/false);
     const auto actual = values_of(*root);
     for (const auto& [name, v] : expected) EXPECT_TRUE(at::equal(actual.at(name), v)) << name;
@@ -228,7 +220,7 @@ TEST(DeferredInitCheckpoint, ToEmptyThenLoadGivesTheSavedModel) {
       auto guard = summon_full_params(*saved_model, /*writeback=*/false);
       saved = values_of(*saved_model);
     }
-    auto model = fully_shard(deferred_init([] { return NormedTransformer(small_args()); }), options);
+    auto model = fully_shard(deferred_init([] { return NormedTransformer(small_transformer_args()); }), options);
     to_empty(*model);
     EXPECT_FALSE(has_deferred_tensors(*model));
     {
@@ -247,7 +239,7 @@ TEST(DeferredInitCheckpoint, ToEmptyThenLoadGivesTheSavedModel) {
     // rank reads only its rows; the load's memory beyond the shards stays below half the model.
     const std::string file = ctx.temp_dir + "/model.safetensors";
     ckpt::export_safetensors(saved_model, file);
-    auto from_file = fully_shard(deferred_init([] { return NormedTransformer(small_args()); }), options);
+    auto from_file = fully_shard(deferred_init([] { return NormedTransformer(small_transformer_args()); }), options);
     to_empty(*from_file);
     const int64_t base = memory_stats().current_bytes;
     reset_peak_memory_stats();
@@ -277,7 +269,7 @@ TEST(DeferredInitSyncModuleStates, OtherRanksTakeRankZerosValues) {
   run_ranks(4, [](RankContext& ctx) {
     for (bool hsdp : {false, true}) {
       torch::manual_seed(11);
-      NormedTransformer eager(small_args());  // built here on every rank only for the reference
+      NormedTransformer eager(small_transformer_args());  // built here on every rank only for the reference
       {
         torch::NoGradGuard no_grad;
         for (auto& b : eager->buffers())
@@ -286,7 +278,7 @@ TEST(DeferredInitSyncModuleStates, OtherRanksTakeRankZerosValues) {
       const auto expected = values_of(*eager);
       auto options = FullyShardOptions().auto_wrap_policy(ModuleWrapPolicy<TransformerBlockImpl>()).sync_module_states(true);
       if (hsdp) options.mesh(init_device_mesh(ctx.world, {2, 2}, {"replicate", "shard"}));
-      NormedTransformer model = ctx.rank == 0 ? eager : deferred_init([] { return NormedTransformer(small_args()); });
+      NormedTransformer model = ctx.rank == 0 ? eager : deferred_init([] { return NormedTransformer(small_transformer_args()); });
       FullyShardedDataParallel<NormedTransformerImpl> root(model, options);
       EXPECT_FALSE(has_deferred_tensors(*root));
       auto guard = summon_full_params(*root, /*writeback=*/false);

@@ -15,7 +15,7 @@ Cases (each a ctest test TrainGpt.<Case>):
                                   FSDP on 2 ranks: the losses of plain FSDP on 4
   LearnsBelowUnigramEntropy       a short run's validation loss ends below the text's unigram
                                   entropy, and the exported file generates a sample
-  FlagErrors                      misuse gets errors naming the flag
+  FlagErrors                      misuse gets errors naming the flag; --help lists the flags
   ProgressBarOnATerminal          under fsdpp-run on a (pseudo-)terminal, rank 0 redraws a bar
                                   after every step as one status line, gone from the final screen
   ResumeErrorsNameTheWayOn        --resume on a folder without checkpoints says so; a corrupt newest
@@ -254,6 +254,13 @@ def case_flag_errors(t):
     check("--layers must be positive, not 0" in out, "no error naming --layers", out)
     out = t.run(1, "--lr", "fast", expect_ok=False)
     check("--lr fast: not a number" in out, "no error naming --lr", out)
+    out = t.run(1, "--device", "gpu", expect_ok=False)
+    check("--device gpu: expected cuda, cpu or auto" in out, "no error naming --device", out)
+    # --help lists every flag with its default, one line each (a long default once broke it).
+    helped = subprocess.run([t.args.trainer, "--help"], capture_output=True, text=True, timeout=60)
+    check(helped.returncode == 0, "--help failed", helped.stdout + helped.stderr)
+    for flag in ("--val-fraction (0.1)", "--device (auto)", "--peak-tflops (0)", "--memory-limit (0)"):
+        check(flag in helped.stdout, "--help does not show " + flag, helped.stdout)
     t.run(2, *MODEL, "--ckpt-dir", t.dir("run"), "--stop-after", 4)
     out = t.run(2, "--ckpt-dir", t.dir("run"), "--resume", "--dim", 64, expect_ok=False)
     check("--dim 64 differs from 32 in " + os.path.join(t.dir("run"), "step-00000004") in out,
