@@ -450,7 +450,11 @@ StateDict broadcast_full_from_rank0(const StateDict& sd, const std::string& api)
     const auto dtype = static_cast<at::ScalarType>(std::stoi(field));
     std::vector<int64_t> shape;
     while (std::getline(fields, field, '\t')) shape.push_back(std::stoll(field));
-    at::Tensor t = rank == 0 ? sd.at(key).tensor().detach().contiguous() : at::empty(shape, at::TensorOptions().dtype(dtype));
+    // Through host memory: every rank's tensor on one device, whatever rank 0's state dict is on
+    // (a GPU tensor against the others' CPU ones would take two backends); the load copies it to
+    // the parameters' device.
+    at::Tensor t = rank == 0 ? sd.at(key).tensor().detach().to(at::kCPU).contiguous()
+                             : at::empty(shape, at::TensorOptions().dtype(dtype));
     broadcast(t, world.global_rank(0), world);
     out.insert(key, t);
   }
