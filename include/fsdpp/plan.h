@@ -78,7 +78,7 @@ struct ParallelLayout {
   TORCH_ARG(bool, activation_checkpointing) = false;                   // every block
   TORCH_ARG(bool, cpu_offload) = false;  // sharded parameters, gradients and optimizer state on the host
   TORCH_ARG(Optimizer, optimizer) = Optimizer::kAdam;
-  TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::kBackwardPre;
+  TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::kBounded;  // fully_shard's default
   TORCH_ARG(int64_t, rank) = 0;  // whose shard sizes (rank 0 holds the most rows)
 };
 

@@ -33,7 +33,7 @@ struct UnitBytes {
 struct ReplayOptions {
   bool reshard_after_forward = true;
   bool activation_checkpointing = false;
-  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBounded;
   // A group of one's reduce-scatter is a copy, finished when its unit's post-backward ends;
   // otherwise its output waits for the next unit's post-backward.
   int64_t shard_group_size = 1;

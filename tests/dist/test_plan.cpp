@@ -83,23 +83,23 @@ struct Case {
 std::vector<Case> cases() {
   using plan::ParallelLayout;
   const auto bf16 = MixedPrecisionPolicy().param_dtype(at::kBFloat16);
-  // The plan's prefetch is BACKWARD_PRE unless told otherwise; fully_shard's default decides
-  // from the first backward (the "default options" case).
+  // Both default to BACKWARD_PRE_WITHIN_BOUND (the "default options" case), which decides from
+  // the first backward; the other layouts pin BACKWARD_PRE on both sides.
   const auto pre = FullyShardOptions().backward_prefetch(BackwardPrefetch::BACKWARD_PRE);
+  const auto plan_pre = ParallelLayout().backward_prefetch(plan::BackwardPrefetch::kBackwardPre);
   return {
-      {"BACKWARD_PRE", pre, false,
-       ParallelLayout().backward_prefetch(plan::BackwardPrefetch::kBackwardPre)},
+      {"BACKWARD_PRE", pre, false, plan_pre},
       {"no backward prefetch", FullyShardOptions().backward_prefetch(std::nullopt), false,
        ParallelLayout().backward_prefetch(plan::BackwardPrefetch::kNone)},
       {"reshard_after_forward false", FullyShardOptions(pre).reshard_after_forward(false), false,
-       ParallelLayout().reshard_after_forward(false)},
+       ParallelLayout(plan_pre).reshard_after_forward(false)},
       {"bfloat16 compute", FullyShardOptions(pre).mp_policy(bf16), false,
-       ParallelLayout().param_dtype(at::kBFloat16).reduce_dtype(at::kBFloat16), false, {2, 3, 4}},
-      {"activation checkpointing", pre, true, ParallelLayout().activation_checkpointing(true), true,
+       ParallelLayout(plan_pre).param_dtype(at::kBFloat16).reduce_dtype(at::kBFloat16), false, {2, 3, 4}},
+      {"activation checkpointing", pre, true, ParallelLayout(plan_pre).activation_checkpointing(true), true,
        {1, 2, 3, 4, 5, 6, 7, 8}},
       // fully_shard's default, BACKWARD_PRE_WITHIN_BOUND: the first step (measure_step's
       // warm-up) measures each unit's window without prefetch, then each unit prefetches or not.
-      {"default options", FullyShardOptions(), false, ParallelLayout().backward_prefetch(plan::BackwardPrefetch::kBounded)},
+      {"default options", FullyShardOptions(), false, ParallelLayout()},
   };
 }
 
