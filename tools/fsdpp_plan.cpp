@@ -4,6 +4,8 @@
 //   fsdpp-plan -n 4                      predicts   fsdpp-run --nproc-per-node 4 bench_fsdp
 //   fsdpp-plan --preset llama3-70b --seq 8192 --local-batch 1 --param-dtype bf16 --ac
 //       --sweep 8,64,512,4096,8192 --fit-gib 80   (one command)
+// Its backward prefetch defaults to `bounded`, fully_shard's BACKWARD_PRE_WITHIN_BOUND.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <sstream>
@@ -22,6 +24,16 @@ using fsdpp::plan::ParallelLayout;
 
 double gib(int64_t bytes) { return static_cast<double>(bytes) / (1LL << 30); }
 
+// A peak over the comm thread's two orders (plan.h): "low-high" GiB where they differ.
+std::string gib_range(int64_t low, int64_t high) {
+  char text[64];
+  if (low == high)
+    std::snprintf(text, sizeof text, "%.2f", gib(low));
+  else
+    std::snprintf(text, sizeof text, "%.2f-%.2f", gib(low), gib(high));
+  return text;
+}
+
 std::vector<int64_t> parse_sizes(const std::string& list) {
   std::vector<int64_t> out;
   std::stringstream in(list);
@@ -39,10 +51,13 @@ void print_sweep(const ModelShape& model, ParallelLayout layout, const std::vect
   for (int64_t n : sizes) {
     layout.world_size(n);
     const auto p = fsdpp::plan::plan_step(model, layout);
-    std::printf("| %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |",
+    const int64_t step_low = p.held + std::max(p.forward_peak_low, p.backward_peak_low);
+    std::printf("| %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s | %.2f | %.2f | %.2f |",
                 static_cast<long long>(n), gib(p.parameters), gib(p.gradients), gib(p.optimizer_state),
-                gib(p.activations), gib(p.largest_unit), gib(p.comm_buffers), gib(p.forward_peak),
-                gib(p.backward_peak), gib(p.step_peak), gib(p.all_gather_bytes), gib(p.reduce_scatter_bytes),
+                gib(p.activations), gib(p.largest_unit), gib(p.comm_buffers),
+                gib_range(p.forward_peak_low, p.forward_peak_high).c_str(),
+                gib_range(p.backward_peak_low, p.backward_peak_high).c_str(),
+                gib_range(step_low, p.step_peak_high).c_str(), gib(p.all_gather_bytes), gib(p.reduce_scatter_bytes),
                 gib(p.replicate_all_reduce_bytes));
     if (fit_gib > 0) {
       const int64_t layers =
@@ -63,7 +78,7 @@ int main(int argc, char** argv) {
   ModelShape model;
   ParallelLayout layout;
   std::string preset, arch = "example", attention, param_dtype = "fp32", reduce_dtype, optimizer = "adam",
-                      prefetch = "pre", sweep;
+                      prefetch = "bounded", sweep;
   int64_t layers = 0, dim = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, seq = 0, batch = 0;
   int64_t world = 1, replicate = 1, tp = 1;
   bool no_reshard = false, ac = false, offload = false, tied = false, trace = false;
@@ -91,7 +106,7 @@ int main(int argc, char** argv) {
   app.add_flag("--ac", ac, "activation checkpointing of every block");
   app.add_flag("--offload", offload, "CPU offload of sharded parameters, gradients and optimizer state");
   app.add_option("--optimizer", optimizer)->check(CLI::IsMember({"adam", "sgd", "sgd-momentum"}));
-  app.add_option("--backward-prefetch", prefetch)->check(CLI::IsMember({"pre", "none", "bounded"}));
+  app.add_option("--backward-prefetch", prefetch, "pre, none or bounded (fully_shard's default, BACKWARD_PRE_WITHIN_BOUND)")->check(CLI::IsMember({"pre", "none", "bounded"}));
   app.add_option("--sweep", sweep, "comma-separated world sizes: one table row each");
   app.add_option("--fit-gib", fit_gib, "with --sweep: the most layers whose step peak fits in this many GiB per rank");
   app.add_flag("--trace", trace, "print live bytes after each op and FSDP event of the replayed step");

@@ -78,7 +78,7 @@ struct ParallelLayout {
   TORCH_ARG(bool, activation_checkpointing) = false;                   // every block
   TORCH_ARG(bool, cpu_offload) = false;  // sharded parameters, gradients and optimizer state on the host
   TORCH_ARG(Optimizer, optimizer) = Optimizer::kAdam;
-  TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::kBackwardPre;
+  TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::kBounded;  // fully_shard's default
   TORCH_ARG(int64_t, rank) = 0;  // whose shard sizes (rank 0 holds the most rows)
 };
 
@@ -102,8 +102,16 @@ struct StepPlan {
   int64_t activations = 0;
   int64_t root_unit = 0, largest_unit = 0;  // gathered bytes, padded, in param_dtype
   // Above the state held between steps (its gradient shards dropped by zero_grad), as bench_fsdp
-  // measures: the forward's peak, what forward leaves, and the step's peak through backward.
+  // measures: the forward's peak, what forward leaves, and the step's peak through backward, with
+  // the comm thread keeping up (a gather's output allocated as it is issued, a reduce-scatter's
+  // input freed before the next unit computes).
   int64_t forward_peak = 0, after_forward = 0, backward_peak = 0;
+  // Each peak over the two orders of the comm thread's allocations and frees against the compute
+  // thread's (docs/plan.md, "Timing"): that one, and the comm thread running each collective only
+  // when the compute thread waits for it (a prefetch's output allocated at its wait, a
+  // reduce-scatter's input and staging alive until then). The peak above is one end of
+  // [low, high]; low == high where the order changes nothing.
+  int64_t forward_peak_low = 0, forward_peak_high = 0, backward_peak_low = 0, backward_peak_high = 0;
   // At the backward peak: gathered parameters (computing and prefetched), unsharded gradients,
   // collective buffers (prefetched gathers, reduce-scatter input and outputs), activations and
   // their gradients.
@@ -112,6 +120,7 @@ struct StepPlan {
   int64_t comm_buffers = 0;  // collective buffers at the backward peak (prefetch + reduce-scatter)
   int64_t held = 0;          // device bytes held between steps
   int64_t step_peak = 0;     // held + the larger peak
+  int64_t step_peak_high = 0;  // held + the larger high end: what a device must hold in either order
   // Bytes this rank sends per step, by group kind.
   int64_t all_gather_bytes = 0, reduce_scatter_bytes = 0, replicate_all_reduce_bytes = 0, tp_all_reduce_bytes = 0;
 };
@@ -135,7 +144,8 @@ StepPlan plan_units(const std::vector<UnitShapes>& units, const ParallelLayout& 
 std::string trace_step(const ModelShape& model, const ParallelLayout& layout);
 // A table, one line per quantity (MiB and bytes).
 std::string format_plan(const ModelShape& model, const ParallelLayout& layout, const StepPlan& plan);
-// The most layers of `model`'s shape whose step peak fits in `limit` bytes per rank (0 if none).
+// The most layers of `model`'s shape whose step peak fits in `limit` bytes per rank in either
+// order of the comm thread (step_peak_high; 0 if none).
 int64_t largest_fitting_layers(ModelShape model, const ParallelLayout& layout, int64_t limit);
 // Parameters of the whole model (all TP ranks), for reporting a fitted size.
 int64_t total_parameters(const ModelShape& model);

@@ -1,4 +1,5 @@
 // format_plan: the plan as the table fsdpp-plan prints.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -11,6 +12,16 @@ std::string line(const char* label, int64_t bytes) {
   char text[160];
   std::snprintf(text, sizeof text, "  %-46s %12.3f MiB  %16lld\n", label, static_cast<double>(bytes) / (1 << 20),
                 static_cast<long long>(bytes));
+  return text;
+}
+
+// A peak over the comm thread's two orders: "low-high" where they differ.
+std::string range_line(const char* label, int64_t low, int64_t high) {
+  if (low == high) return line(label, low);
+  char mib[64], bytes[64], text[200];
+  std::snprintf(mib, sizeof mib, "%.3f-%.3f", static_cast<double>(low) / (1 << 20), static_cast<double>(high) / (1 << 20));
+  std::snprintf(bytes, sizeof bytes, "%lld-%lld", static_cast<long long>(low), static_cast<long long>(high));
+  std::snprintf(text, sizeof text, "  %-46s %12s MiB  %16s\n", label, mib, bytes);
   return text;
 }
 
@@ -70,16 +81,18 @@ std::string format_plan(const ModelShape& m, const ParallelLayout& l, const Step
   out += line("largest unit, gathered", p.largest_unit);
   out += line("root unit, gathered (held through backward)", p.root_unit);
   out += line("communication buffers at the backward peak", p.comm_buffers);
-  out += "  above the state held (gradient shards dropped by zero_grad):\n";
-  out += line("  forward peak", p.forward_peak);
+  out += "  above the state held (gradient shards dropped by zero_grad); a peak low-high: the comm thread\n"
+         "  keeping up or running each collective only when waited for (of which: keeping up):\n";
+  out += range_line("  forward peak", p.forward_peak_low, p.forward_peak_high);
   out += line("  held after forward", p.after_forward);
-  out += line("  backward peak", p.backward_peak);
+  out += range_line("  backward peak", p.backward_peak_low, p.backward_peak_high);
   out += line("    of which gathered parameters", p.at_peak_parameters);
   out += line("    of which unsharded gradients", p.at_peak_gradients);
   out += line("    of which collective buffers", p.at_peak_comm);
   out += line("    of which activations", p.at_peak_activations);
   out += line("    of which temporaries and activation grads", p.at_peak_activation_grads);
-  out += line("step peak (held + the larger peak)", p.step_peak);
+  out += range_line("step peak (held + the larger peak)",
+                    p.held + std::max(p.forward_peak_low, p.backward_peak_low), p.step_peak_high);
   if (l.cpu_offload()) {
     out += "per rank, host\n";
     out += line("parameters", p.host_parameters);

@@ -140,7 +140,12 @@ StepPlan plan_and_trace(const ModelShape& model, const ParallelLayout& layout,
   plan.at_peak_activations = r.at_peak_activations;
   plan.at_peak_activation_grads = r.at_peak_temporaries;
   plan.comm_buffers = r.at_peak_comm;
+  plan.forward_peak_low = std::min(r.forward_peak, r.forward_peak_late);
+  plan.forward_peak_high = std::max(r.forward_peak, r.forward_peak_late);
+  plan.backward_peak_low = std::min(r.backward_peak, r.backward_peak_late);
+  plan.backward_peak_high = std::max(r.backward_peak, r.backward_peak_late);
   plan.step_peak = plan.held + std::max(plan.forward_peak, plan.backward_peak);
+  plan.step_peak_high = plan.held + std::max(plan.forward_peak_high, plan.backward_peak_high);
   if (trace) *trace = std::move(r.trace);
   return plan;
 }
@@ -185,7 +190,7 @@ std::string trace_step(const ModelShape& model, const ParallelLayout& layout) {
 }
 
 int64_t largest_fitting_layers(ModelShape model, const ParallelLayout& layout, int64_t limit) {
-  auto fits = [&](int64_t layers) { return plan_step(model.layers(layers), layout).step_peak <= limit; };
+  auto fits = [&](int64_t layers) { return plan_step(model.layers(layers), layout).step_peak_high <= limit; };
   if (!fits(1)) return 0;
   int64_t lo = 1, hi = 2;
   while (fits(hi)) {

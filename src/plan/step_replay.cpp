@@ -1,6 +1,7 @@
 #include "plan/step_replay.h"
 
 #include <algorithm>
+#include <deque>
 #include <utility>
 
 #include "plan/memory_timeline.h"
@@ -31,6 +32,7 @@ class StepReplay {
     last_op_.assign(n_units, -1);
     gathered_.assign(n_units, false);
     prefetched_.assign(n_units, false);
+    gather_queued_.assign(n_units, false);
     backward_started_.assign(n_units, false);
     backward_done_.assign(n_units, false);
     windows_.peak.assign(n_units, -1);
@@ -168,14 +170,21 @@ class StepReplay {
 
   void gather(int u, Bytes kind) {
     timeline_.alloc(Bytes::kTemporaries, units_[u].gather_input);  // on the issuing thread
+    gathered_[u] = true;
+    prefetched_[u] = kind == Bytes::kCommBuffers;
+    if (late() && prefetched_[u]) {
+      queue_.push_back({false, u});
+      gather_queued_[u] = true;
+      return;
+    }
+    if (late()) run_comm_queue(-1);  // waited for at once: what was issued before it runs first
     end_reduce_staging();  // the comm thread runs collectives in order
     timeline_.alloc(kind, units_[u].gathered);
     timeline_.free(Bytes::kTemporaries, units_[u].gather_input);
-    gathered_[u] = true;
-    prefetched_[u] = kind == Bytes::kCommBuffers;
   }
   void wait_for_gather(int u) {
     if (!gathered_[u]) gather(u, Bytes::kGatheredParams);
+    if (gather_queued_[u]) run_comm_queue(u);
     if (prefetched_[u]) timeline_.move(Bytes::kCommBuffers, Bytes::kGatheredParams, units_[u].gathered);
     prefetched_[u] = false;
   }
@@ -232,6 +241,33 @@ class StepReplay {
     note("pre-backward " + unit_name(u) + ", prefetched " + unit_name(target));
   }
 
+  // The slow order's comm thread: collectives issued and not yet run, in issue order.
+  bool late() const { return options_.comm_thread_late; }
+  struct Queued {
+    bool reduce;
+    int unit;
+  };
+  // Runs the queue up to and including unit `through`'s gather (-1: all of it).
+  void run_comm_queue(int through) {
+    while (!queue_.empty())
+      if (run_next_collective() == through) return;
+  }
+  // Returns the unit of the gather it ran, -1 after a reduce-scatter.
+  int run_next_collective() {
+    const Queued q = queue_.front();
+    queue_.pop_front();
+    const UnitBytes& b = units_[q.unit];
+    if (q.reduce) {
+      timeline_.free(Bytes::kCommBuffers, b.reduce_staging + b.reduce_input);
+      reduced_.push_back(q.unit);
+      return -1;
+    }
+    timeline_.alloc(Bytes::kCommBuffers, b.gathered);
+    timeline_.free(Bytes::kTemporaries, b.gather_input);
+    gather_queued_[q.unit] = false;
+    return q.unit;
+  }
+
   // The last reduce-scatter's input and the comm thread's temporaries: taken as alive from its
   // issue until the comm thread starts the next collective or the next unit's backward
   // computes, whichever comes first.
@@ -241,6 +277,12 @@ class StepReplay {
   }
 
   void finalize_reduce_scatter() {
+    // The slow order: what the comm thread has run (the engine finalizes finished ones only).
+    for (int u : reduced_) {
+      timeline_.alloc(Bytes::kGradShards, units_[u].grad_shard);
+      timeline_.free(Bytes::kCommBuffers, units_[u].reduce_output);
+    }
+    reduced_.clear();
     end_reduce_staging();
     if (pending_ < 0) return;
     timeline_.alloc(Bytes::kGradShards, units_[pending_].grad_shard);
@@ -261,6 +303,11 @@ class StepReplay {
     timeline_.alloc(Bytes::kCommBuffers, units_[u].reduce_output);
     // On the comm thread: the input is freed once exchanged, with the staging.
     timeline_.alloc(Bytes::kCommBuffers, units_[u].reduce_staging);
+    if (late()) {
+      queue_.push_back({true, u});
+      note("post-backward " + unit_name(u));
+      return;
+    }
     reduce_in_flight_ = units_[u].reduce_staging + units_[u].reduce_input;
     pending_ = u;
     // A group of one only copies: done by the post-backward's closing finalize.
@@ -351,6 +398,11 @@ class StepReplay {
     }
     // The final callback: the root's post-backward (its inputs are token ids), then every finalize.
     post_backward(0);
+    if (late())
+      while (!queue_.empty()) {  // each finalize waits for its reduce-scatter
+        run_next_collective();
+        finalize_reduce_scatter();
+      }
     finalize_reduce_scatter();
     close_window();
   }
@@ -376,7 +428,9 @@ class StepReplay {
   int64_t grad_shards_at_start_ = 0;
   MemoryTimeline timeline_;
   std::vector<int> first_op_, last_op_, last_use_, last_saver_;
-  std::vector<bool> gathered_, prefetched_, backward_started_, backward_done_, kept_, alive_, grad_alive_, extra_alive_,
+  std::deque<Queued> queue_;
+  std::vector<int> reduced_;  // reduce-scatters the slow order's comm thread ran, not yet finalized
+  std::vector<bool> gathered_, prefetched_, gather_queued_, backward_started_, backward_done_, kept_, alive_, grad_alive_, extra_alive_,
       held_by_recompute_;
   std::vector<Bytes> kind_;
   std::vector<std::vector<int>> released_at_;  // tensors a C++ local holds until op i
@@ -419,13 +473,24 @@ std::vector<bool> decide_within_bound(const BackwardWindows& w, const std::vecto
 }  // namespace
 
 ReplayResult replay_step(const Tape& tape, const std::vector<UnitBytes>& units, const ReplayOptions& options) {
-  if (options.backward_prefetch != BackwardPrefetch::kBounded) return StepReplay(tape, units, options).run();
-  ReplayOptions first = options;
-  first.trace = false;
-  StepReplay measured(tape, units, first);
-  measured.run();
-  std::vector<bool> allowed = decide_within_bound(measured.windows(), units, options.shard_group_size);
-  ReplayResult r = StepReplay(tape, units, options, allowed).run();
+  std::vector<bool> allowed;
+  if (options.backward_prefetch == BackwardPrefetch::kBounded) {
+    // Measured in the benign order (the decision is taken once, from the first backward).
+    ReplayOptions first = options;
+    first.trace = false;
+    first.comm_thread_late = false;
+    StepReplay measured(tape, units, first);
+    measured.run();
+    allowed = decide_within_bound(measured.windows(), units, options.shard_group_size);
+  }
+  ReplayOptions benign = options, slow = options;
+  benign.comm_thread_late = false;
+  slow.comm_thread_late = true;
+  ReplayResult r = StepReplay(tape, units, benign, allowed).run();
+  ReplayResult late = StepReplay(tape, units, slow, allowed).run();
+  r.forward_peak_late = late.forward_peak;
+  r.backward_peak_late = late.backward_peak;
+  for (auto& [event, live] : late.trace) r.trace.emplace_back("slow order: " + event, live);
   r.prefetched_within_bound = std::move(allowed);
   return r;
 }

@@ -33,15 +33,18 @@ struct UnitBytes {
 struct ReplayOptions {
   bool reshard_after_forward = true;
   bool activation_checkpointing = false;
-  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBounded;
   // A group of one's reduce-scatter is a copy, finished when its unit's post-backward ends;
   // otherwise its output waits for the next unit's post-backward.
   int64_t shard_group_size = 1;
   bool trace = false;  // record live bytes after each op and FSDP event
+  bool comm_thread_late = false;  // the slow order (above); false: the benign one
 };
 
 struct ReplayResult {
   int64_t forward_peak = 0, after_forward = 0, backward_peak = 0, activations = 0;
+  // The same step's peaks in the slow order (replay_step fills them; 0 in a single replay).
+  int64_t forward_peak_late = 0, backward_peak_late = 0;
   int64_t at_peak_params = 0, at_peak_grads = 0, at_peak_comm = 0, at_peak_activations = 0, at_peak_temporaries = 0;
   std::vector<std::pair<std::string, int64_t>> trace;  // (event, live bytes after it)
   // kBounded: whether each unit prefetched (the decision of the replay without prefetch).
@@ -51,7 +54,8 @@ struct ReplayResult {
 // units[0] is the root, units[1 + i] block i (the tape's unit numbers). kBounded replays the
 // engine's BACKWARD_PRE_WITHIN_BOUND (src/fsdp/fsdp_state.cpp): a replay without prefetch
 // measures each unit's window as the first backward does, the rule decides which units
-// prefetch, and the step is replayed with those.
+// prefetch, and the step is replayed with those. The step is replayed in both orders (the trace
+// is the benign one's, then the slow one's).
 ReplayResult replay_step(const Tape& tape, const std::vector<UnitBytes>& units, const ReplayOptions& options);
 
 }  // namespace fsdpp::plan::detail

@@ -6,7 +6,8 @@
 // blocks checkpointed, and with fully_shard's default prefetch (BACKWARD_PRE_WITHIN_BOUND, the
 // plan's kBounded). Exact where the
 // quantity is a count of elements (held state, unit sizes, wire bytes), within 10 % for the
-// memory the step's schedule and autograd decide.
+// memory the step's schedule and autograd decide; where the comm thread's timing moves a peak by
+// more, within 10 % of the plan's range over the two orders of the comm thread's work.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -63,40 +64,42 @@ struct Case {
   bool checkpointing;
   plan::ParallelLayout layout;
   // Peaks that the comm thread's timing moves by more than 10 % between steps here (measured:
-  // docs/plan.md). With checkpointed blocks the forward holds little but gathered units: when
-  // the comm thread allocates a prefetched gather late in every probed step, the forward peaks a
-  // block early, one unit lower (N = 8: 2.70 MiB measured against 3.33 in one of two runs). In
-  // bfloat16 at N = 2 to 4 the half-precision reduce-scatter's float32 sums (1.5 MiB) overlap the
-  // next block's first matmul in some steps and not in others (N = 2: 3.77 to 4.41 MiB in
-  // single steps, the plan 3.96; N = 3 and 4: -9.7 % and -9.5 % in one of two runs). With
-  // checkpointed blocks the backward peak too: the same step at N = 1 measured 3.779 MiB (the
-  // plan's, to the byte) in the runs of the change that modelled it and 4.533 MiB (-16.6 %) in
-  // CI's fresh clone on 2026-11-27, one gathered unit more, as when the comm thread allocates the
-  // prefetched gather before the computing unit's memory is freed.
-  bool forward_peak_checked = true;
-  std::vector<int> backward_peak_unchecked_at = {};  // world sizes
+  // docs/plan.md), checked against the plan's range [low, high] instead: its benign order (the
+  // comm thread keeping up) at one end, at the other the comm thread running each collective only
+  // when the compute thread waits for it. With checkpointed blocks the forward holds little but
+  // gathered units: a prefetched gather allocated at its wait peaks the forward a block early,
+  // one unit lower (N = 8, rank 1: 2.70 MiB measured once, the range 2.70-3.33). With
+  // checkpointed blocks the backward: block 1's reduce-scatter input (one unit at N = 1) alive
+  // through block 0's backward when the comm thread has not yet run it (N = 1: 4.533 MiB in CI's
+  // fresh clone, the range 3.779-4.533, both ends to 4 bytes). In bfloat16 at N = 2 to 4 the
+  // half-precision reduce-scatter's float32 sums (1.5 MiB at N = 2) overlap the next block's
+  // matmuls or not (N = 2: 3.77 to 4.41 MiB in single steps, the range 3.96-4.59). What this
+  // cannot show: which order a step took, nor an error in the plan smaller than the gap
+  // between the ends; the lines outside these stay checked against the benign order alone.
+  bool forward_peak_ranged = false;
+  std::vector<int> backward_peak_ranged_at = {};  // world sizes
 };
 
 std::vector<Case> cases() {
   using plan::ParallelLayout;
   const auto bf16 = MixedPrecisionPolicy().param_dtype(at::kBFloat16);
-  // The plan's prefetch is BACKWARD_PRE unless told otherwise; fully_shard's default decides
-  // from the first backward (the "default options" case).
+  // Both default to BACKWARD_PRE_WITHIN_BOUND (the "default options" case), which decides from
+  // the first backward; the other layouts pin BACKWARD_PRE on both sides.
   const auto pre = FullyShardOptions().backward_prefetch(BackwardPrefetch::BACKWARD_PRE);
+  const auto plan_pre = ParallelLayout().backward_prefetch(plan::BackwardPrefetch::kBackwardPre);
   return {
-      {"BACKWARD_PRE", pre, false,
-       ParallelLayout().backward_prefetch(plan::BackwardPrefetch::kBackwardPre)},
+      {"BACKWARD_PRE", pre, false, plan_pre},
       {"no backward prefetch", FullyShardOptions().backward_prefetch(std::nullopt), false,
        ParallelLayout().backward_prefetch(plan::BackwardPrefetch::kNone)},
       {"reshard_after_forward false", FullyShardOptions(pre).reshard_after_forward(false), false,
-       ParallelLayout().reshard_after_forward(false)},
+       ParallelLayout(plan_pre).reshard_after_forward(false)},
       {"bfloat16 compute", FullyShardOptions(pre).mp_policy(bf16), false,
-       ParallelLayout().param_dtype(at::kBFloat16).reduce_dtype(at::kBFloat16), true, {2, 3, 4}},
-      {"activation checkpointing", pre, true, ParallelLayout().activation_checkpointing(true), false,
+       ParallelLayout(plan_pre).param_dtype(at::kBFloat16).reduce_dtype(at::kBFloat16), false, {2, 3, 4}},
+      {"activation checkpointing", pre, true, ParallelLayout(plan_pre).activation_checkpointing(true), true,
        {1, 2, 3, 4, 5, 6, 7, 8}},
       // fully_shard's default, BACKWARD_PRE_WITHIN_BOUND: the first step (measure_step's
       // warm-up) measures each unit's window without prefetch, then each unit prefetches or not.
-      {"default options", FullyShardOptions(), false, ParallelLayout().backward_prefetch(plan::BackwardPrefetch::kBounded)},
+      {"default options", FullyShardOptions(), false, ParallelLayout()},
   };
 }
 
@@ -174,6 +177,15 @@ void expect_within_10_percent(double planned, double measured, double unit, cons
       << (planned - measured) / scale * 100 << " %)";
 }
 
+// Within 10 % (as above) of the range [low, high].
+void expect_within_10_percent_of_range(double low, double high, double measured, double unit, const std::string& what) {
+  const double scale = std::max(std::abs(measured), unit);
+  const double off = measured < low ? low - measured : measured > high ? measured - high : 0;
+  EXPECT_LE(off, 0.10 * scale) << what << ": planned " << low / (1 << 20) << "-" << high / (1 << 20)
+                               << " MiB, measured " << measured / (1 << 20) << " MiB (" << off / scale * 100
+                               << " % outside)";
+}
+
 class PlanAgainstMeasurement : public ::testing::TestWithParam<int> {};
 
 TEST_P(PlanAgainstMeasurement, EveryLineOfBenchFsdp) {
@@ -197,22 +209,29 @@ TEST_P(PlanAgainstMeasurement, EveryLineOfBenchFsdp) {
           EXPECT_EQ(p.reduce_scatter_bytes, m.reduce_scatter) << label;
           const double u = m.largest_unit;
           expect_within_10_percent(p.activations, m.activations, 0, label + ", activations");
-          if (c.forward_peak_checked)
+          if (c.forward_peak_ranged)
+            expect_within_10_percent_of_range(p.forward_peak_low, p.forward_peak_high, m.forward_peak, u,
+                                              label + ", forward peak");
+          else
             expect_within_10_percent(p.forward_peak, m.forward_peak, u, label + ", forward peak");
           expect_within_10_percent(p.after_forward, m.after_forward, u, label + ", held after forward");
-          const auto& unchecked = c.backward_peak_unchecked_at;
-          if (std::find(unchecked.begin(), unchecked.end(), ctx.world_size) == unchecked.end())
+          const auto& ranged = c.backward_peak_ranged_at;
+          if (std::find(ranged.begin(), ranged.end(), ctx.world_size) != ranged.end())
+            expect_within_10_percent_of_range(p.backward_peak_low, p.backward_peak_high, m.backward_peak, u,
+                                              label + ", backward peak");
+          else
             expect_within_10_percent(p.backward_peak, m.backward_peak, u, label + ", backward peak");
           // The numbers for docs/plan.md: FSDPP_PLAN_REPORT=FILE appends rank 0's line.
           const char* report = std::getenv("FSDPP_PLAN_REPORT");
           if (ctx.rank == 0 && report != nullptr)
             if (FILE* f = std::fopen(report, "a")) {
-              std::fprintf(f, "[plan vs measured] N = %d, %s: activations %.4f / %.4f MiB, forward peak %.4f / %.4f, held "
-                        "after forward %.4f / %.4f, backward peak %.4f / %.4f\n",
-                        ctx.world_size, c.label.c_str(), p.activations / 1048576.0,
-                        m.activations / 1048576.0, p.forward_peak / 1048576.0, m.forward_peak / 1048576.0,
-                        p.after_forward / 1048576.0, m.after_forward / 1048576.0, p.backward_peak / 1048576.0,
-                        m.backward_peak / 1048576.0);
+              std::fprintf(f, "[plan vs measured] N = %d, %s: activations %.4f / %.4f MiB, forward peak %.4f (%.4f-%.4f) / "
+                        "%.4f, held after forward %.4f / %.4f, backward peak %.4f (%.4f-%.4f) / %.4f\n",
+                        ctx.world_size, c.label.c_str(), p.activations / 1048576.0, m.activations / 1048576.0,
+                        p.forward_peak / 1048576.0, p.forward_peak_low / 1048576.0, p.forward_peak_high / 1048576.0,
+                        m.forward_peak / 1048576.0, p.after_forward / 1048576.0, m.after_forward / 1048576.0,
+                        p.backward_peak / 1048576.0, p.backward_peak_low / 1048576.0,
+                        p.backward_peak_high / 1048576.0, m.backward_peak / 1048576.0);
               std::fclose(f);
             }
         }
