@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "comm/device_collectives.h"
+#include "comm/fake_backend.h"
 #include "comm/gloo_ring_order.h"
 #include "comm/process_group_impl.h"
 #include "comm/shm_transport.h"
@@ -211,6 +212,7 @@ bool gloo_can_reduce(at::ScalarType t) {
 // all_gather as N-1 concurrent point-to-point exchanges straight into output's chunks:
 // no staging copy, and each rank sends its input once to each peer, (N-1)/N of output.
 void run_all_gather(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input) {
+  if (g.fake) return run_fake_exchange(input);
   if (on_device(input)) return run_device_all_gather(g, output, input);
   if (auto* shm = shm_transport(g)) return shm->all_gather(output, input);
   const int n = g.size(), r = g.rank;
@@ -233,6 +235,7 @@ void run_all_gather(const ProcessGroupImpl& g, const at::Tensor& output, const a
 // comm thread.
 void run_all_gather_into_layout(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input,
                                 const GatherLayout& layout) {
+  if (g.fake) return run_fake_exchange(input);
   if (on_device(input)) return run_device_all_gather_into_layout(g, output, input, layout);
   void* out = output.data_ptr();
   const size_t element = input.element_size();
@@ -248,6 +251,7 @@ void run_all_gather_into_layout(const ProcessGroupImpl& g, const at::Tensor& out
 }
 
 void run_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  if (g.fake) return run_fake_exchange(input);
   if (on_device(input)) return run_device_reduce_scatter(g, output, input, op);
   if (g.size() == 1) {
     output.reshape({-1}).copy_(input.reshape({-1}));
@@ -271,6 +275,7 @@ void run_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, con
 }
 
 void run_all_reduce(const ProcessGroupImpl& g, const at::Tensor& tensor, ReduceOp op) {
+  if (g.fake) return run_fake_exchange(tensor);
   if (on_device(tensor)) return run_device_all_reduce(g, tensor, op);
   if (g.size() == 1) return;
   const bool native = gloo_can_reduce(tensor.scalar_type());
@@ -289,6 +294,7 @@ void run_all_reduce(const ProcessGroupImpl& g, const at::Tensor& tensor, ReduceO
 }
 
 void run_broadcast(const ProcessGroupImpl& g, const at::Tensor& tensor, int root_group_rank) {
+  if (g.fake) return run_fake_exchange(tensor);
   if (on_device(tensor)) return run_device_broadcast(g, tensor, root_group_rank);
   if (g.size() == 1) return;
   std::vector<at::Tensor> tensors{as_wire(tensor)};
@@ -300,18 +306,21 @@ void run_broadcast(const ProcessGroupImpl& g, const at::Tensor& tensor, int root
 
 void run_all_to_all(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input,
                     std::vector<int64_t> output_elements, std::vector<int64_t> input_elements) {
+  if (g.fake) return run_fake_exchange(input);
   if (on_device(input)) return run_device_all_to_all(g, output, input, output_elements, input_elements);
   at::Tensor out = as_wire(output), in = as_wire(input);
   g.backend->alltoall_base(out, in, output_elements, input_elements)->wait(g.timeout);
 }
 
 void run_barrier(const ProcessGroupImpl& g) {
+  if (g.fake) return run_fake_exchange(at::Tensor());
   c10d::BarrierOptions options;
   options.timeout = g.timeout;
   g.backend->barrier(options)->wait(g.timeout);
 }
 
 void run_broadcast_bytes(const ProcessGroupImpl& g, std::string& bytes, int root_group_rank) {
+  if (g.fake) return run_fake_exchange(at::Tensor());
   if (g.size() == 1) return;
   at::Tensor length = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong);
   std::vector<at::Tensor> header{length};

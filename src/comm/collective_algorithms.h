@@ -26,7 +26,8 @@ bool gloo_can_reduce(at::ScalarType t);
 c10d::ReduceOp to_c10d(ReduceOp op);
 
 // Each runs the whole exchange over `g` (a member) and returns when it is done; AVG divides.
-// Accelerator tensors go through comm/device_collectives.h.
+// Accelerator tensors go through comm/device_collectives.h; a fake group's exchange is
+// comm/fake_backend.h's run_fake_exchange, on any device.
 void run_all_reduce(const ProcessGroupImpl& g, const at::Tensor& tensor, ReduceOp op);
 void run_broadcast(const ProcessGroupImpl& g, const at::Tensor& tensor, int root_group_rank);
 void run_all_gather(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input);

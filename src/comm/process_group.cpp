@@ -9,12 +9,14 @@
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <fsdpp/error.h>
 
 #include "comm/error_message.h"
+#include "comm/fake_backend.h"
 #include "comm/local_address.h"
 #include "comm/process_group_impl.h"
 #include "compat/cuda_runtime.h"
@@ -27,13 +29,15 @@ namespace {
 // What carries CUDA tensors under a backend string, in PyTorch's forms: "gloo" (CPU and CUDA
 // tensors over Gloo), "nccl", and device:backend pairs such as "cpu:gloo,cuda:nccl". fsdpp's own
 // exchanges (metadata, the intent check) and CPU tensors always go over Gloo, so "nccl" alone
-// takes CPU tensors too, where PyTorch's would refuse them.
-enum class DeviceBackend { kGloo, kNccl };
+// takes CPU tensors too, where PyTorch's would refuse them. "fake" (comm/fake_backend.h) carries
+// both and moves nothing.
+enum class DeviceBackend { kGloo, kNccl, kFake };
 
 DeviceBackend device_backend_of(const std::string& backend) {
-  const std::string expected = "'gloo', 'nccl' or device:backend pairs such as 'cpu:gloo,cuda:nccl'";
+  const std::string expected = "'gloo', 'nccl', 'fake' or device:backend pairs such as 'cpu:gloo,cuda:nccl'";
   if (backend == "gloo") return DeviceBackend::kGloo;
   if (backend == "nccl") return DeviceBackend::kNccl;
+  if (backend == "fake") return DeviceBackend::kFake;
   if (backend.find(':') == std::string::npos)
     throw Error("backend '" + backend + "' is not available: fsdpp takes " + expected);
   DeviceBackend cuda = DeviceBackend::kGloo;
@@ -153,17 +157,33 @@ struct Rendezvous {
   std::string description;  // where the ranks meet, for error messages
 };
 
-Rendezvous rendezvous(const InitProcessGroupOptions& o, std::chrono::milliseconds timeout) {
-  Rendezvous r;
-  const std::string env_why = "init_method env:// needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as torchrun sets them";
-  const bool from_env = !o.store() && o.init_method() == "env://";
-  r.rank = o.rank() >= 0 ? o.rank() : env_int("RANK", -1, from_env || o.store(), env_why);
-  r.world_size = o.world_size() >= 0 ? o.world_size() : env_int("WORLD_SIZE", -1, from_env || o.store(), env_why);
+// The options' rank and world size, else RANK and WORLD_SIZE (required when `required`), checked.
+void resolve_rank(const InitProcessGroupOptions& o, bool required, const std::string& why, Rendezvous& r) {
+  r.rank = o.rank() >= 0 ? o.rank() : env_int("RANK", -1, required, why);
+  r.world_size = o.world_size() >= 0 ? o.world_size() : env_int("WORLD_SIZE", -1, required, why);
   if (r.rank < 0 || r.world_size < 1)
     throw Error("init_process_group needs a rank and a world size (got rank " + std::to_string(r.rank) +
                 ", world size " + std::to_string(r.world_size) + ")");
   if (r.rank >= r.world_size)
     throw Error("rank " + std::to_string(r.rank) + " is outside a world of size " + std::to_string(r.world_size));
+}
+
+// The fake backend meets nobody: the rank and world size it plays, and a store of its own
+// (PyTorch's FakeStore) unless one is given.
+Rendezvous fake_rendezvous(const InitProcessGroupOptions& o) {
+  Rendezvous r;
+  resolve_rank(o, /*required=*/true, "backend 'fake' plays the rank and world size given in the options or in RANK and WORLD_SIZE", r);
+  r.store = o.store();
+  if (!r.store) r.store = c10::make_intrusive<c10d::HashStore>();
+  r.description = "nowhere (backend 'fake')";
+  return r;
+}
+
+Rendezvous rendezvous(const InitProcessGroupOptions& o, std::chrono::milliseconds timeout) {
+  Rendezvous r;
+  const std::string env_why = "init_method env:// needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as torchrun sets them";
+  const bool from_env = !o.store() && o.init_method() == "env://";
+  resolve_rank(o, from_env || o.store(), env_why, r);
 
   if (o.store()) {
     r.store = o.store();
@@ -260,6 +280,12 @@ void wait_for_members(const detail::ProcessGroupImpl& g, const c10::intrusive_pt
 // `arrival` bounds the wait for the members to arrive: what is left of the timeout.
 void connect(detail::ProcessGroupImpl& g, bool local_only, std::chrono::milliseconds arrival,
              const std::string& master_host = "") {
+  if (device_backend_of(g.backend_name) == DeviceBackend::kFake) {  // no peers to wait for or connect to
+    g.fake = true;
+    g.backend = g.device_backend = detail::make_fake_backend(g.rank, g.size());
+    g.c10d_group = detail::fake_process_group(g.backend, g.store);
+    return;
+  }
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("fsdpp/" + g.name + "/", g.store);
   wait_for_members(g, prefixed, "arrived", arrival);
   const BoundGlooDevice bound = gloo_device(local_only, master_host);
@@ -438,7 +464,8 @@ ProcessGroup init_process_group(const InitProcessGroupOptions& options) {
     return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
                                                       deadline - std::chrono::steady_clock::now()));
   };
-  Rendezvous r = rendezvous(options, timeout);
+  const bool fake = device_backend_of(options.backend()) == DeviceBackend::kFake;
+  Rendezvous r = fake ? fake_rendezvous(options) : rendezvous(options, timeout);
   auto g = std::make_shared<detail::ProcessGroupImpl>();
   g->name = "world";
   g->backend_name = options.backend();

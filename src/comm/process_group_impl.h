@@ -31,7 +31,8 @@ struct ProcessGroupImpl {
   ~ProcessGroupImpl();
 
   std::string name;                           // "world", "world/0", ...
-  std::string backend_name;                   // as given: "gloo", "nccl", "cpu:gloo,cuda:nccl"
+  std::string backend_name;                   // as given: "gloo", "nccl", "cpu:gloo,cuda:nccl", "fake"
+  bool fake = false;  // backend "fake": collectives run, exchange nothing (comm/fake_backend.h)
   c10::intrusive_ptr<c10d::Store> store;      // the world's store, unprefixed
   c10::intrusive_ptr<compat::C10dBackend> backend;  // null when not a member
   // What carries CUDA tensors (comm/device_collectives.h): `backend` itself under "gloo",

@@ -39,4 +39,10 @@ void cuda_reset_peak_stats(c10::DeviceIndex device);
 // Returns the allocator's cached, unused blocks to the driver.
 void cuda_empty_cache();
 
+// Enqueues a kernel that spins for about `duration` on the current stream of the current CUDA
+// device (at::cuda::sleep, whose argument is GPU cycles: converted with a rate measured once per
+// process, as PyTorch's get_cycles_per_ms does). What stands in for compute and communication in
+// timing tests and in the fake backend's testing delay (comm/fake_backend.h).
+void cuda_sleep(std::chrono::microseconds duration);
+
 }  // namespace fsdpp::compat

@@ -2,6 +2,12 @@
 // USE_C10D_NCCL (c10d's NCCL header is compiled only with it) and NCCL's header on its path.
 #include "compat/cuda_runtime.h"
 
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -69,6 +75,38 @@ void cuda_reset_peak_stats(c10::DeviceIndex device) {
 
 void cuda_empty_cache() {
   if (cuda_device_count() > 0 && allocator_initialized()) c10::cuda::CUDACachingAllocator::emptyCache();
+}
+
+namespace {
+
+// PyTorch's get_cycles_per_ms: ten timed sleeps of a million cycles, the mean of the middle six
+// (the clock boosts and throttles; the extremes are the warm-up and the outliers).
+double measure_cycles_per_ms() {
+  constexpr int64_t kCycles = 1000000;
+  std::vector<double> rates;
+  for (int i = 0; i < 10; ++i) {
+    at::cuda::CUDAEvent start(cudaEventDefault), end(cudaEventDefault);
+    const auto stream = c10::cuda::getCurrentCUDAStream();
+    start.record(stream);
+    at::cuda::sleep(kCycles);
+    end.record(stream);
+    end.synchronize();
+    rates.push_back(kCycles / static_cast<double>(start.elapsed_time(end)));
+  }
+  std::sort(rates.begin(), rates.end());
+  double sum = 0;
+  for (size_t i = 2; i < rates.size() - 2; ++i) sum += rates[i];
+  return sum / static_cast<double>(rates.size() - 4);
+}
+
+}  // namespace
+
+void cuda_sleep(std::chrono::microseconds duration) {
+  if (cuda_device_count() == 0) throw Error("a CUDA sleep kernel needs a CUDA device and this process sees none");
+  static std::once_flag measured;
+  static double cycles_per_ms = 0;
+  std::call_once(measured, [] { cycles_per_ms = measure_cycles_per_ms(); });
+  at::cuda::sleep(static_cast<int64_t>(cycles_per_ms * static_cast<double>(duration.count()) / 1000.0));
 }
 
 }  // namespace fsdpp::compat

@@ -30,4 +30,6 @@ void cuda_reset_peak_stats(c10::DeviceIndex) { no_cuda("reset_peak_memory_stats(
 
 void cuda_empty_cache() {}
 
+void cuda_sleep(std::chrono::microseconds) { no_cuda("a CUDA sleep kernel"); }
+
 }  // namespace fsdpp::compat
