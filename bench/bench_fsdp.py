@@ -198,7 +198,9 @@ def main():
         step()
         peak = torch.cuda.max_memory_allocated()
         tokens_per_step = args.local_batch * seq * dist.get_world_size()
-        mfu = 6 * params * tokens_per_step / median.item() / dist.get_world_size() / (args.peak_tflops * 1e12)
+        # PaLM's count, as bench_fsdp_device.cpp (examples/transformer.h's training_flops_per_token)
+        flops_per_token = 6 * params + 12 * args.layers * args.dim * seq
+        mfu = flops_per_token * tokens_per_step / median.item() / dist.get_world_size() / (args.peak_tflops * 1e12)
         if rank == 0:
             print(f"pytorch {torch.__version__} {args.mode} {device} world={dist.get_world_size()} "
                   f"layers={args.layers} dim={args.dim} seq={seq} local_batch={args.local_batch} "

@@ -39,8 +39,8 @@ std::vector<Flag> flags(Config& c) {
       {"init", &c.init, false, "deferred: each rank allocates only its shards, initializing one block at a time; eager: "
                               "the whole model on every rank first"},
       {"device", &c.device, false, "cuda (each rank cuda:LOCAL_RANK), cpu, or auto: cuda where a GPU is present"},
-      {"peak-tflops", &c.peak_tflops, false, "the device's dense peak for the MFU (0: 989, H100/H200 bf16, on CUDA; "
-                                             "none on the CPU)"},
+      {"peak-tflops", &c.peak_tflops, false, "the device's dense peak for the MFU (0: an H100's, 989 in bfloat16 and "
+                                             "67 in float32, on CUDA; none on the CPU)"},
       {"memory-limit", &c.memory_limit, false, "bytes of tensor memory per rank; past it, out of memory (0: none)"},
       {"activation-checkpointing", &c.activation_checkpointing, false, "recompute each block in backward"},
       {"replicate", &c.replicate, false, "HSDP: replicas (mesh replicate x world/replicate); 1: plain FSDP"},

@@ -27,7 +27,7 @@ struct Config {
   // This run only.
   std::string init = "deferred";  // or eager: the whole model on every rank before sharding
   std::string device = "auto";  // cuda (cuda:LOCAL_RANK), cpu, or auto: cuda where a GPU is present
-  double peak_tflops = 0;      // the device's dense peak for the MFU; 0: 989 on CUDA, none on the CPU
+  double peak_tflops = 0;      // the device's dense peak for the MFU; 0: an H100's on CUDA, none on the CPU
   int64_t memory_limit = 0;    // bytes of tensor memory per rank (fsdpp::set_memory_limit); 0: none
   bool activation_checkpointing = false;
   int64_t replicate = 1;       // HSDP: a (replicate, world / replicate) mesh

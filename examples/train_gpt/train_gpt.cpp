@@ -287,7 +287,10 @@ int run(Config c, const fsdpp::ProcessGroup& world, const at::Device& device) {
   double interval_seconds = 0, train_seconds = 0;
   int64_t interval_bytes_start = comm.total_bytes_sent(), steps_this_run = 0;
   // The MFU: model FLOPs per second over the devices' dense peak (stated in the line).
-  const double peak_tflops = c.peak_tflops > 0 ? c.peak_tflops : device.is_cpu() ? 0 : 989;
+  // An H100's / H200's dense peak for the compute dtype: bf16's tensor cores, float32's
+  // CUDA cores (libtorch leaves TF32 off).
+  const double gpu_peak = c.param_dtype == "bfloat16" ? 989 : 67;
+  const double peak_tflops = c.peak_tflops > 0 ? c.peak_tflops : device.is_cpu() ? 0 : gpu_peak;
   const double flops_per_token = fsdpp::examples::training_flops_per_token(model_args(c), parameter_count(c));
   fsdpp::reset_peak_memory_stats(device);
   double val_loss = NAN;

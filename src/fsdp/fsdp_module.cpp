@@ -3,6 +3,7 @@
 #include <optional>
 #include <unordered_set>
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <fsdpp/collectives.h>
@@ -60,11 +61,16 @@ std::vector<std::pair<std::string, at::Tensor>> unit_buffers(const torch::nn::Mo
 }
 
 // device_id: the unit's buffers computed with where its parameters are (deferred ones get their
-// memory there from materialize_module or to_empty).
-void move_buffers_to(const torch::nn::Module& module, const at::Device& device) {
+// memory there from materialize_module or to_empty); those of ignored modules stay, as their
+// parameters do (FSDP1's _move_module_to_device).
+void move_buffers_to(const torch::nn::Module& module, const at::Device& device,
+                     const std::vector<std::shared_ptr<torch::nn::Module>>& ignored_modules) {
+  std::unordered_set<const c10::TensorImpl*> ignored;
+  for (const auto& m : ignored_modules)
+    for (const auto& b : m->buffers()) ignored.insert(b.unsafeGetTensorImpl());
   at::NoGradGuard no_grad;
   for (auto& [name, b] : unit_buffers(module))
-    if (!b.is_meta() && b.device() != device) b.set_data(b.to(device));
+    if (!b.is_meta() && b.device() != device && !ignored.count(b.unsafeGetTensorImpl())) b.set_data(b.to(device));
 }
 
 // sync_module_states for buffers, which no unit shards: those of the modules no inner unit owns
@@ -100,6 +106,9 @@ FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOpti
   if (dynamic_cast<FSDPModule*>(module_.get()))
     throw Error("FullyShardedDataParallel: " + module_->name() + " is already a FullyShardedDataParallel");
   register_module("_fsdp_wrapped_module", module_);
+  // FSDP1's rule: a device_id without an index is the current device of its type.
+  if (options.device_id() && !options.device_id()->is_cpu() && !options.device_id()->has_index())
+    options.device_id(c10::impl::getDeviceGuardImpl(options.device_id()->type())->getDevice());
   // Every option is checked before anything in the module changes.
   const std::string unit = module_->name();
   detail::UnitGroups groups = detail::unit_groups(options, unit);
@@ -118,7 +127,7 @@ FSDPModule::FSDPModule(std::shared_ptr<torch::nn::Module> module, FullyShardOpti
   params.erase(std::remove_if(params.begin(), params.end(),
                               [&](const auto& p) { return ignored.count(p.second.unsafeGetTensorImpl()) > 0; }),
                params.end());
-  if (options.device_id()) move_buffers_to(*module_, *options.device_id());
+  if (options.device_id()) move_buffers_to(*module_, *options.device_id(), options.ignored_modules());
   if (options.sync_module_states()) sync_buffers_from_rank0(*module_, groups, unit, options.device_id());
   state_ = std::make_shared<detail::FSDPState>(
       unit, std::move(params), std::move(groups),

@@ -89,6 +89,7 @@ FSDPState::FSDPState(std::string name, std::vector<std::pair<std::string, at::Te
   if (!params.empty()) {
     param_group_.emplace(params, std::move(groups), name_, "unit " + std::to_string(id_) + " (" + name_ + ")", policies);
   }
+  compute_device_ = param_group_ ? param_group_->compute_device() : policies.device_id.value_or(at::kCPU);
   std::lock_guard<std::mutex> lock(r.mutex);
   for (auto& [fqn, p] : params) r.sharded[p.unsafeGetTensorImpl()] = name_;
 }
@@ -138,8 +139,8 @@ void FSDPState::lazy_init_as_root(const std::vector<std::shared_ptr<FSDPState>>&
   }
   // FSDP2's root moves the forward's inputs to its accelerator: the first unit's that has one.
   for (auto& w : context_->states)
-    if (auto s = w.lock(); s && s->param_group_ && !s->param_group_->compute_device().is_cpu()) {
-      input_device_ = s->param_group_->compute_device();
+    if (auto s = w.lock(); s && !s->compute_device_.is_cpu()) {
+      input_device_ = s->compute_device_;
       break;
     }
 }

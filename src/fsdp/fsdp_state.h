@@ -60,6 +60,9 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   const ProcessGroup& process_group() const { return process_group_; }
   bool is_root() const { return is_root_; }
   bool lazy_initialized() const { return lazy_initialized_; }
+  // Where the unit computes: its parameter group's device, else device_id, else the CPU (a unit
+  // whose parameters all belong to inner units still places its modules' buffers there).
+  const at::Device& compute_device() const { return compute_device_; }
   // The root's: the accelerator its forward's tensor inputs are moved to (none on the CPU).
   const std::optional<at::Device>& input_device() const { return input_device_; }
   // Between this unit's pre-forward and post-forward, or inside a backward of its tree.
@@ -140,6 +143,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   std::optional<FSDPParamGroup> param_group_;
   bool is_last_backward_ = true;
   bool is_root_ = false;
+  at::Device compute_device_ = at::kCPU;
   std::optional<at::Device> input_device_;
   bool lazy_initialized_ = false;
   std::shared_ptr<FSDPRootContext> context_;  // shared by the tree; null before lazy init

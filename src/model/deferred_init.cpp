@@ -31,9 +31,11 @@ MetaDeviceGuard::MetaDeviceGuard() : scope_(std::make_unique<compat::MetaDeviceS
 MetaDeviceGuard::~MetaDeviceGuard() = default;
 
 namespace detail {
-// FSDPModule's friend: the parameter group of one unit (null if it shards nothing).
+// FSDPModule's friend: the parameter group of one unit (null if it shards nothing), and the
+// device it computes on.
 struct UnitMaterialization {
   static FSDPParamGroup* group(FSDPModule& unit) { return unit.state_->param_group(); }
+  static at::Device compute_device(const FSDPModule& unit) { return unit.state_->compute_device(); }
 };
 }  // namespace detail
 
@@ -52,8 +54,7 @@ struct NamedModule {
 };
 
 void walk(torch::nn::Module& m, const std::string& name, at::Device home, std::vector<NamedModule>& out) {
-  if (auto* unit = dynamic_cast<FSDPModule*>(&m))
-    if (const FSDPParamGroup* g = detail::UnitMaterialization::group(*unit)) home = g->compute_device();
+  if (const auto* unit = dynamic_cast<const FSDPModule*>(&m)) home = detail::UnitMaterialization::compute_device(*unit);
   out.push_back({name, &m, home});
   for (const auto& child : m.named_children()) {
     const bool wrapper_child = child.key() == "_fsdp_wrapped_module" || child.key() == "_checkpoint_wrapped_module";

@@ -40,6 +40,9 @@ import sys
 import tempfile
 
 DEADLINE = 240  # seconds per trainer run (fsdpp-run's --timeout names a hung rank before)
+# These cases are about CPU ranks (bitwise resumes, the CPU memory limit): on a host with a GPU the
+# trainer's default would take it.
+CPU = ["--device", "cpu"]
 
 
 def synthetic_text(path, size=120_000, seed=7):
@@ -89,7 +92,8 @@ class Trainer:
 
     def run(self, nproc, *flags, env=None, expect_ok=True, data=True):
         cmd = [self.args.launcher, "--nproc-per-node", str(nproc), "--master-port", str(self.args.port),
-               "--timeout", "120", self.args.trainer] + (["--data", self.corpus] if data else []) + [str(f) for f in flags]
+               "--timeout", "120", self.args.trainer] + (["--data", self.corpus] if data else []) + \
+              CPU + [str(f) for f in flags]
         full_env = dict(os.environ, OPENBLAS_NUM_THREADS="1", **(env or {}))
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, env=full_env)
         out = p.stdout + p.stderr
@@ -314,7 +318,7 @@ def screen(shown):
 
 def case_progress_bar(t):
     cmd = [t.args.launcher, "--nproc-per-node", "2", "--master-port", str(t.args.port), "--timeout", "120",
-           t.args.trainer, "--data", t.corpus, "--ckpt-dir", t.dir("bar")] + [str(f) for f in MODEL] + ["--log-every", "4"]
+           t.args.trainer, "--data", t.corpus, "--ckpt-dir", t.dir("bar")] + CPU + [str(f) for f in MODEL] + ["--log-every", "4"]
     code, shown, err = run_on_terminal(cmd, dict(os.environ, OPENBLAS_NUM_THREADS="1"))
     check(code == 0, f"exited {code}: {err}", shown)
     bars = re.findall(r"\r\033\[K\[rank0\]: \[[#.]+\] step +(\d+)/12", shown)
