@@ -81,10 +81,7 @@ void expect_checkpoint_between_gpu_and_cpu(RankContext& ctx) {
 
 class CudaCheckpoint : public testing::WorldSizeTest {};
 
-TEST_P(CudaCheckpoint, WrittenOnTheGpuLoadedOnTheCpuAndBack) {
-  FSDPP_SKIP_WITHOUT_CUDA();
-  run_ranks(GetParam(), [](RankContext& ctx) { expect_checkpoint_between_gpu_and_cpu(ctx); });
-}
+FSDPP_GPU_TEST_P(CudaCheckpoint, WrittenOnTheGpuLoadedOnTheCpuAndBack, expect_checkpoint_between_gpu_and_cpu)
 
 FSDPP_INSTANTIATE_WORLD_SIZES(CudaCheckpoint);
 

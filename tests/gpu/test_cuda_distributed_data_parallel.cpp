@@ -52,17 +52,9 @@ void expect_ddp_parity_on_the_gpu(RankContext& ctx) {
 
 class CudaDistributedDataParallel : public testing::WorldSizeTest {};
 
-TEST_P(CudaDistributedDataParallel, TrainParityOverGlooOnOneGpu) {
-  FSDPP_SKIP_WITHOUT_CUDA();
-  run_ranks(GetParam(), [](RankContext& ctx) { expect_ddp_parity_on_the_gpu(ctx); });
-}
+FSDPP_GPU_TEST_P(CudaDistributedDataParallel, TrainParityOverGlooOnOneGpu, expect_ddp_parity_on_the_gpu)
 
-TEST(CudaDistributedDataParallelNccl, TrainParityAtWorldSizeOne) {
-  FSDPP_SKIP_WITHOUT_CUDA();
-  testing::RunOptions options;
-  options.backend = "nccl";
-  run_ranks(1, [](RankContext& ctx) { expect_ddp_parity_on_the_gpu(ctx); }, options);
-}
+FSDPP_GPU_NCCL_TEST(CudaDistributedDataParallelNccl, TrainParityAtWorldSizeOne, expect_ddp_parity_on_the_gpu)
 
 FSDPP_INSTANTIATE_WORLD_SIZES(CudaDistributedDataParallel);
 

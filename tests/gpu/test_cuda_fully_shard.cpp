@@ -108,27 +108,13 @@ void expect_bf16_training_near_float32_on_the_gpu(RankContext& ctx) {
 
 class CudaFullyShard : public testing::WorldSizeTest {};
 
-TEST_P(CudaFullyShard, CpuOffloadWithTheGpuComputing) {
-  FSDPP_SKIP_WITHOUT_CUDA();
-  run_ranks(GetParam(), [](RankContext& ctx) { expect_offload_parity_on_the_gpu(ctx); });
-}
+FSDPP_GPU_TEST_P(CudaFullyShard, CpuOffloadWithTheGpuComputing, expect_offload_parity_on_the_gpu)
 
-TEST_P(CudaFullyShard, Bfloat16ComputeNearFloat32) {
-  FSDPP_SKIP_WITHOUT_CUDA();
-  run_ranks(GetParam(), [](RankContext& ctx) { expect_bf16_training_near_float32_on_the_gpu(ctx); });
-}
+FSDPP_GPU_TEST_P(CudaFullyShard, Bfloat16ComputeNearFloat32, expect_bf16_training_near_float32_on_the_gpu)
 
-TEST_P(CudaFullyShard, TrainParityOverGlooOnOneGpu) {
-  FSDPP_SKIP_WITHOUT_CUDA();
-  run_ranks(GetParam(), [](RankContext& ctx) { expect_train_parity_on_the_gpu(ctx); });
-}
+FSDPP_GPU_TEST_P(CudaFullyShard, TrainParityOverGlooOnOneGpu, expect_train_parity_on_the_gpu)
 
-TEST(CudaFullyShardNccl, TrainParityAtWorldSizeOne) {
-  FSDPP_SKIP_WITHOUT_CUDA();
-  testing::RunOptions options;
-  options.backend = "nccl";
-  run_ranks(1, [](RankContext& ctx) { expect_train_parity_on_the_gpu(ctx); }, options);
-}
+FSDPP_GPU_NCCL_TEST(CudaFullyShardNccl, TrainParityAtWorldSizeOne, expect_train_parity_on_the_gpu)
 
 FSDPP_INSTANTIATE_WORLD_SIZES(CudaFullyShard);
 

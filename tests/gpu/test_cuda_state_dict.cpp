@@ -82,7 +82,7 @@ void expect_clip_and_export_on_the_gpu(RankContext& ctx) {
   for (const auto& p : plain->named_parameters()) EXPECT_TRUE(at::equal(written.at(p.key()), p.value())) << p.key();
 }
 
-void expect_zero_like_adam_on_the_gpu() {
+void expect_zero_like_adam_on_the_gpu(RankContext& /*every rank alike*/) {
   Sequential plain = plain_multi_group(), replica = plain_multi_group();
   replica->to(kGpu);
   torch::optim::Adam adam(plain->parameters(), torch::optim::AdamOptions(1e-2));
@@ -103,20 +103,11 @@ void expect_zero_like_adam_on_the_gpu() {
 
 class CudaStateDict : public testing::WorldSizeTest {};
 
-TEST_P(CudaStateDict, FullStateDictAndBroadcastFromRank0) {
-  FSDPP_SKIP_WITHOUT_CUDA();
-  run_ranks(GetParam(), [](RankContext& ctx) { expect_state_dicts_on_the_gpu(ctx); });
-}
+FSDPP_GPU_TEST_P(CudaStateDict, FullStateDictAndBroadcastFromRank0, expect_state_dicts_on_the_gpu)
 
-TEST_P(CudaStateDict, ClipGradNormAndExportSafetensors) {
-  FSDPP_SKIP_WITHOUT_CUDA();
-  run_ranks(GetParam(), [](RankContext& ctx) { expect_clip_and_export_on_the_gpu(ctx); });
-}
+FSDPP_GPU_TEST_P(CudaStateDict, ClipGradNormAndExportSafetensors, expect_clip_and_export_on_the_gpu)
 
-TEST_P(CudaStateDict, ZeroRedundancyOptimizerLikeAdam) {
-  FSDPP_SKIP_WITHOUT_CUDA();
-  run_ranks(GetParam(), [](RankContext&) { expect_zero_like_adam_on_the_gpu(); });
-}
+FSDPP_GPU_TEST_P(CudaStateDict, ZeroRedundancyOptimizerLikeAdam, expect_zero_like_adam_on_the_gpu)
 
 FSDPP_INSTANTIATE_WORLD_SIZES(CudaStateDict);
 
