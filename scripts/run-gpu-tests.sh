@@ -35,8 +35,8 @@ gpu_filter='Cuda*:DeviceBackends.*'
 cpu_filter='ProcessGroup*:Collectives*:CommDebugMode*:FakeProcessGroup*'
 status=0
 out=$(mktemp)
-run_tests() {  # FILTER: the tests' last lines here, all of them in the log; a failure fails the script
-  if OPENBLAS_NUM_THREADS=1 build-device/tests/fsdpp_tests --gtest_filter="$1" >"$out" 2>&1; then :; else status=1; fi
+run_tests() {  # FILTER [VAR=VALUE]: the tests' last lines here, all of them in the log; a failure fails the script
+  if env OPENBLAS_NUM_THREADS=1 ${2:-} build-device/tests/fsdpp_tests --gtest_filter="$1" >"$out" 2>&1; then :; else status=1; fi
   cat "$out" >>"$log"
   grep -E "^\[  (FAILED|SKIPPED) +\] [A-Z]|tests? from .* ran|^\[  PASSED" "$out" | tail -40
   # A GPU test that skips here did not see the GPU (a process that touched CUDA before forking
@@ -52,6 +52,10 @@ while [ "$i" -le "$repeats" ]; do
   run_tests "$gpu_filter"
   i=$((i + 1))
 done
+# The same with the host waiting for each device collective (so not the overlap test): a test
+# that fails above and passes here points at the streams' ordering, not at the numerics.
+step "GPU tests, TORCH_NCCL_BLOCKING_WAIT=1"
+run_tests "$gpu_filter:-CudaOverlap*" TORCH_NCCL_BLOCKING_WAIT=1
 step "CPU suites beside them"
 run_tests "$cpu_filter"
 

@@ -79,31 +79,36 @@ Work submit(const ProcessGroupImpl& g, CollectiveKind kind, CollectiveIntent int
   const bool check = g.check_collectives && g.size() > 1 && !g.fake;
   std::string trace_name = std::string(collective_name(kind)) + " #" + std::to_string(seq) + " " + g.name;
   auto issued = profiler::detail::recording() ? trace_issue(trace_name, description) : TraceIssue{};
+  std::shared_ptr<DeviceCompletion> device = handoff.completion();
   auto state = g.comm_thread->enqueue(description, [&g, check, seq, description, intent = std::move(intent),
                                                     run = std::move(run), trace_name, issued, bytes_sent,
                                                     after = std::move(after), handoff = std::move(handoff)] {
-    try {
-      after.wait();
-    } catch (const std::exception& e) {
-      throw Error(description + " not run: " + message_without_backtrace(e));
-    }
-    TraceRun traced(g, trace_name, description, issued, bytes_sent);
-    try {
-      if (check) check_intent(g, intent);
-      handoff.run(g, run);
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      const bool own_timeout = is_timeout(e);
-      if (g.failed.exchange(true)) {  // an earlier collective of this group already failed here
-        if (!own_timeout) throw;
-        throw Error(description + " failed: timed out after an earlier collective of " + g.where() + " failed");
+    // Within the handoff, so that waiting for `after` orders this collective's stream after it.
+    handoff.run(g, [&] {
+      try {
+        after.wait();
+      } catch (const std::exception& e) {
+        throw Error(description + " not run: " + message_without_backtrace(e));
       }
-      if (!own_timeout && !peer_timed_out(g, seq)) throw;
-      // Say who is missing, not just that the wait ended (and without c10's backtrace).
-      throw Error(description + " failed: " + report_hang(g, seq, description, own_timeout));
-    }
+      TraceRun traced(g, trace_name, description, issued, bytes_sent);
+      try {
+        if (check) check_intent(g, intent);
+        run();
+      } catch (const Error&) {
+        throw;
+      } catch (const std::exception& e) {
+        const bool own_timeout = is_timeout(e);
+        if (g.failed.exchange(true)) {  // an earlier collective of this group already failed here
+          if (!own_timeout) throw;
+          throw Error(description + " failed: timed out after an earlier collective of " + g.where() + " failed");
+        }
+        if (!own_timeout && !peer_timed_out(g, seq)) throw;
+        // Say who is missing, not just that the wait ended (and without c10's backtrace).
+        throw Error(description + " failed: " + report_hang(g, seq, description, own_timeout));
+      }
+    });
   });
+  state->device = std::move(device);
   state->trace_name = std::move(trace_name);
   Work work(state);
   if (!async_op) work.wait();

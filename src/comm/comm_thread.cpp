@@ -6,6 +6,7 @@
 #include <fsdpp/profiler.h>
 #include <fsdpp/work.h>
 
+#include "comm/device_collectives.h"
 #include "comm/error_message.h"
 #include "profiler/timeline.h"
 
@@ -91,8 +92,13 @@ void Work::wait() const {
   if (!state_) return;
   profiler::record_function span(profiler::detail::recording() ? "wait " + state_->trace_name : std::string());
   state_->wait();
+  if (state_->device) state_->device->wait_on_current_stream();
 }
 
-bool Work::is_completed() const { return !state_ || state_->is_completed(); }
+// A device collective is complete once the device ran it, as c10d's NCCL Work's isCompleted():
+// FSDP finalizes reduce-scatters that are, during backward, without making compute wait.
+bool Work::is_completed() const {
+  return !state_ || (state_->is_completed() && (!state_->device || state_->device->query()));
+}
 
 }  // namespace fsdpp

@@ -11,6 +11,8 @@
 
 namespace fsdpp::detail {
 
+class DeviceCompletion;
+
 // Completion state shared between a Work handle and the comm thread.
 struct WorkState {
   std::string description;  // names the collective, group and rank for error messages
@@ -19,6 +21,9 @@ struct WorkState {
   std::condition_variable done_cv;
   bool done = false;
   std::exception_ptr error;
+  // A device collective's end, which Work::wait() orders the waiting stream after once `done`
+  // (comm/device_collectives.h); null for a CPU collective.
+  std::shared_ptr<DeviceCompletion> device;
 
   void finish(std::exception_ptr e);
   void wait();

@@ -1,5 +1,6 @@
 #pragma once
 // What a ProcessGroup handle points to. Private to fsdpp.
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -56,8 +57,9 @@ struct ProcessGroupImpl {
     return scratch_bytes.narrow(0, 0, bytes);
   }
 
-  // The stream device collectives run on, made at the first one; only the comm thread touches it.
-  mutable std::optional<c10::Stream> device_stream;
+  // The streams device collectives run on (comm/device_collectives.cpp: all-gathers,
+  // reduce-scatters, the rest), each made at its first one; only the comm thread touches them.
+  mutable std::array<std::optional<c10::Stream>, 3> device_streams;
 
   // The same-host transport (shm_transport.h), decided at the group's first exchange that can
   // use it; only the comm thread touches these. This and the scratch are declared before

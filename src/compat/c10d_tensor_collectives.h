@@ -12,13 +12,21 @@ namespace fsdpp::compat {
 namespace detail {
 
 template <typename Group>
-auto all_gather_single(Group& g, at::Tensor& out, at::Tensor& in, int) -> decltype(g.all_gather_single(out, in)) {
-  return g.all_gather_single(out, in);
+auto all_gather_single(Group& g, at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& options, int)
+    -> decltype(g.all_gather_single(out, in, options)) {
+  return g.all_gather_single(out, in, options);
 }
 template <typename Group>
-auto all_gather_single(Group& g, at::Tensor& out, at::Tensor& in, long) {
-  return g._allgather_base(out, in);
+auto all_gather_single(Group& g, at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& options, long) {
+  return g._allgather_base(out, in, options);
 }
+
+template <typename Options>
+auto queue_on_current_stream(Options& options, int) -> decltype(void(options.asyncOp = false)) {
+  options.asyncOp = false;
+}
+template <typename Options>
+void queue_on_current_stream(Options&, long) {}
 template <typename Group>
 auto reduce_scatter_single(Group& g, at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& options, int)
     -> decltype(g.reduce_scatter_single(out, in, options)) {
@@ -33,19 +41,30 @@ auto reduce_scatter_single(Group& g, at::Tensor& out, at::Tensor& in, const c10d
 }  // namespace detail
 
 inline c10::intrusive_ptr<c10d::Work> all_gather_single(c10d::ProcessGroup& g, at::Tensor& out, at::Tensor& in) {
-  return detail::all_gather_single(g, out, in, 0);
+  return detail::all_gather_single(g, out, in, c10d::AllgatherOptions(), 0);
 }
 inline c10::intrusive_ptr<c10d::Work> reduce_scatter_single(c10d::ProcessGroup& g, at::Tensor& out, at::Tensor& in) {
   return detail::reduce_scatter_single(g, out, in, c10d::ReduceScatterOptions(), 0);
 }
 
 // The same on one backend (fsdpp's device collectives call the backend, not the dispatcher).
-inline c10::intrusive_ptr<c10d::Work> all_gather_single(c10d::Backend& b, at::Tensor& out, at::Tensor& in) {
-  return detail::all_gather_single(b, out, in, 0);
+inline c10::intrusive_ptr<c10d::Work> all_gather_single(c10d::Backend& b, at::Tensor& out, at::Tensor& in,
+                                                        const c10d::AllgatherOptions& options) {
+  return detail::all_gather_single(b, out, in, options, 0);
 }
 inline c10::intrusive_ptr<c10d::Work> reduce_scatter_single(c10d::Backend& b, at::Tensor& out, at::Tensor& in,
                                                             const c10d::ReduceScatterOptions& options) {
   return detail::reduce_scatter_single(b, out, in, options, 0);
+}
+
+// Options asking ProcessGroupNCCL to run on the caller's current stream (`asyncOp = false`, as
+// FSDP2's collectives inside its stream contexts) instead of its own internal one, which would
+// put every collective of a group behind one stream. Libtorch releases whose options lack the
+// field for this collective (2.6's AllreduceOptions, AllToAllOptions) keep NCCL's own stream,
+// which waits for the current one, and whose end the Work's wait orders the current stream after.
+template <typename Options>
+void queue_on_current_stream(Options& options) {
+  detail::queue_on_current_stream(options, 0);
 }
 
 }  // namespace fsdpp::compat
