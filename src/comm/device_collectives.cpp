@@ -104,7 +104,8 @@ void DeviceCompletion::record(const c10::Stream& stream) {
 
 void DeviceCompletion::wait_on_current_stream() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (tensors_.empty() || !done_.was_marked_for_recording()) return;  // waited for already, or failed
+  if (!done_.was_marked_for_recording()) return;  // never queued
+  // Every wait orders its own stream (a second waiter's too), as c10d's NCCL Work.
   done_.block(c10::impl::VirtualGuardImpl(done_.device_type()).getStream(done_.device()));
   // A comm thread waiting for the collective a chained one runs after orders only its own
   // stream: the tensors' blocks could go back to the streams they came from, which are not.
@@ -137,7 +138,13 @@ void DeviceHandoff::run(const ProcessGroupImpl& g, const std::function<void()>& 
   const c10::Stream stream = device_stream(g, kind_, issued_->device());
   c10::StreamGuard current(stream);
   issued_->block(stream);
-  run();
+  try {
+    run();
+  } catch (...) {
+    // What it queued before failing may still run: the held tensors wait for it.
+    completion_->record(stream);
+    throw;
+  }
   completion_->record(stream);
   if (blocking_wait()) stream.synchronize();
 }

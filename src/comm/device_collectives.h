@@ -46,7 +46,8 @@ class DeviceCompletion {
   DeviceCompletion& operator=(const DeviceCompletion&) = delete;
   // On the comm thread, once the collective is queued on `stream`.
   void record(const c10::Stream& stream);
-  // Work::wait(): the current stream of the end's device waits for it; the tensors are released.
+  // Work::wait(): the current stream of the end's device waits for it (at every wait); the
+  // tensors are released at the first wait off a comm thread.
   void wait_on_current_stream();
   // Work::is_completed(): whether the device has run it (true if it failed to be queued).
   bool query();

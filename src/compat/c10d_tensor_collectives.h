@@ -59,9 +59,10 @@ inline c10::intrusive_ptr<c10d::Work> reduce_scatter_single(c10d::Backend& b, at
 
 // Options asking ProcessGroupNCCL to run on the caller's current stream (`asyncOp = false`, as
 // FSDP2's collectives inside its stream contexts) instead of its own internal one, which would
-// put every collective of a group behind one stream. Libtorch releases whose options lack the
-// field for this collective (2.6's AllreduceOptions, AllToAllOptions) keep NCCL's own stream,
-// which waits for the current one, and whose end the Work's wait orders the current stream after.
+// put every collective of a group behind one stream. Before 2.7 (2.6) the field, where the options
+// have it (not AllreduceOptions, AllToAllOptions), only makes NCCL stash the tensors instead of
+// recordStream: NCCL keeps its own stream, which waits for the current one, and the Work's wait
+// orders the current stream after it. Correct either way; only 2.7+ overlaps a group's kinds.
 template <typename Options>
 void queue_on_current_stream(Options& options) {
   detail::queue_on_current_stream(options, 0);

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <fsdpp/collectives.h>
@@ -36,7 +37,7 @@ UnitAllGather::~UnitAllGather() {
 }
 
 void UnitAllGather::start(const at::Tensor& input, const ProcessGroup& group, std::shared_ptr<const GatherLayout> layout,
-                          const at::Tensor& target) {
+                          const at::Tensor& target, std::function<void()> copy_in) {
   const bool in_place = in_place_ && (any_layout_in_place_ || layout->blocks_per_member == 1);
   testing_delay(testing_delays().before_all_gather_ms);
   // Not in place: rank-major, placed at the wait. The unit computing meanwhile has resharded by
@@ -46,7 +47,11 @@ void UnitAllGather::start(const at::Tensor& input, const ProcessGroup& group, st
   layout_ = std::move(layout);
   rank_major_ = in_place ? at::Tensor() : unallocated(target.numel(), input.options());
   const at::Tensor destination = in_place ? target : rank_major_;
-  auto allocate = [destination] { allocate_storage(destination); };
+  copies_in_ = static_cast<bool>(copy_in);
+  auto allocate = [destination, copy_in = std::move(copy_in)] {
+    if (copy_in) copy_in();
+    allocate_storage(destination);
+  };
   work_ = in_place ? all_gather_into_layout(destination, input, layout_, group, allocate)
                    : all_gather_into_tensor_prepared(destination, input, group, allocate);
   in_flight_ = true;
@@ -69,6 +74,11 @@ void UnitAllGather::finish(bool keep) {
   }
   if (rank_major.defined()) release_storage(rank_major);
   if (!keep) release_storage(target);
+  // A gather nobody uses (a prefetch dropped at the end of backward) may still be copying the
+  // shards in from host memory, which the optimizer is about to write: the host waits for it.
+  const bool copied_in = std::exchange(copies_in_, false);
+  if (!keep && copied_in && !target.is_cpu())
+    c10::impl::VirtualGuardImpl(target.device().type()).getStream(target.device()).synchronize();
 }
 
 at::Tensor gather_unsharded_copy(const at::Tensor& sharded_flat, const UnitFlatLayout& flat,
@@ -105,13 +115,26 @@ void UnitGradientReduce::drop_packed() {
   input_ = at::Tensor();
 }
 
-void UnitGradientReduce::issue(const UnitFlatLayout& flat, bool all_reduce) {
+void UnitGradientReduce::issue(const UnitFlatLayout& flat, bool all_reduce, const at::TensorOptions& grad_options) {
   output_ = at::empty({flat.shard_numel()}, input_.options());
   testing_delay(testing_delays().before_reduce_scatter_ms);
   // The input is freed on the comm thread once the exchange is done with it, before the
   // all-gathers queued behind it allocate their outputs.
-  reduce_scatter_work_ = reduce_scatter_tensor_then(output_, input_, ReduceOp::AVG, shard_group_,
-                                                    [input = input_] { release_storage(input); });
+  std::function<void()> done = [input = input_] { release_storage(input); };
+  at::Tensor host_output;
+  std::shared_ptr<c10::Event> host_copied;
+  if (!replicate_group_.defined() && grad_options.device().is_cpu() && !output_.is_cpu()) {
+    host_output = at::empty(output_.sizes(), output_.options().device(at::kCPU).pinned_memory(true));
+    host_copied = std::make_shared<c10::Event>(output_.device().type());
+    done = [input = input_, output = output_, host = host_output, copied = host_copied] {
+      release_storage(input);
+      host.copy_(output, /*non_blocking=*/true);
+      copied->record(c10::impl::VirtualGuardImpl(output.device().type()).getStream(output.device()));
+    };
+  }
+  reduce_scatter_work_ = reduce_scatter_tensor_then(output_, input_, ReduceOp::AVG, shard_group_, std::move(done));
+  host_output_ = std::move(host_output);
+  host_copied_ = std::move(host_copied);
   if (!replicate_group_.defined() || !all_reduce) return;
   // Issued here, in backward's order, which is the same on every rank; the replicate group's
   // comm thread runs it once the reduce-scatter (issued just before, on the shard group's
@@ -121,7 +144,12 @@ void UnitGradientReduce::issue(const UnitFlatLayout& flat, bool all_reduce) {
   for (size_t i = 0; i < had_partial_grad_.size(); ++i) had_grad_[i] |= had_partial_grad_[i];
   had_partial_grad_.clear();
   std::function<void()> add_partial;
-  if (partial.defined()) add_partial = [output = output_, partial = std::move(partial)] { output.add_(partial); };
+  // The sum is freed on the comm thread once added (on a device: after what its stream queued).
+  if (partial.defined())
+    add_partial = [output = output_, partial = std::move(partial)] {
+      output.add_(partial);
+      release_storage(partial);
+    };
   all_reduce_work_ = all_reduce_after(reduce_scatter_work_, output_, ReduceOp::AVG, replicate_group_, std::move(add_partial));
   all_reduce_issued_ = true;
 }
@@ -149,9 +177,17 @@ void UnitGradientReduce::finish(const std::vector<FSDPParam>& params, const Unit
   const Work reduce_scatter_work = std::exchange(reduce_scatter_work_, Work());
   const Work all_reduce_work = std::exchange(all_reduce_work_, Work());
   const bool all_reduced = std::exchange(all_reduce_issued_, false);
+  at::Tensor host_output = std::exchange(host_output_, at::Tensor());
+  const std::shared_ptr<c10::Event> host_copied = std::exchange(host_copied_, nullptr);
   // A failed reduce-scatter throws here; its all-reduce then fails without running.
   reduce_scatter_work.wait();
   drop_packed();
+  // CPU offload: the host waits for this unit's copy only (its gradients are read here).
+  if (host_copied) {
+    host_copied->synchronize();
+    release_storage(output);
+    output = host_output;
+  }
   at::NoGradGuard no_grad;
   if (replicate_group_.defined()) {
     if (!all_reduced) {

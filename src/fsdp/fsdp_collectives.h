@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
 
 #include <fsdpp/process_group.h>
 #include <fsdpp/work.h>
@@ -47,9 +48,11 @@ class UnitAllGather {
   // reduce-scatter does not coexist with that reduce-scatter's input. In place (the path chosen,
   // for a gather of one sharded flat per rank): each rank's chunks go straight to their places;
   // otherwise (a k-way post-forward shard: several flats per member) into a rank-major output
-  // placed by finish().
+  // placed by finish(). `copy_in`, if any, fills `input` on the comm thread first (on an
+  // accelerator: on the all-gather stream, FSDP2's copy-in), where CPU offload copies the
+  // shards from pinned host memory.
   void start(const at::Tensor& input, const ProcessGroup& group, std::shared_ptr<const GatherLayout> layout,
-             const at::Tensor& target);
+             const at::Tensor& target, std::function<void()> copy_in = {});
   bool in_flight() const { return in_flight_; }
   // Waits and, with `keep`, places a rank-major output into the target. Without `keep`, or if
   // the gather failed (rethrown), frees the target's memory.
@@ -58,6 +61,7 @@ class UnitAllGather {
  private:
   bool in_place_ = false;
   bool any_layout_in_place_ = false;  // a device places each block with a copy of its own
+  bool copies_in_ = false;            // the gather in flight reads host memory (CPU offload)
   Work work_;
   bool in_flight_ = false;
   at::Tensor target_;
@@ -91,7 +95,10 @@ class UnitGradientReduce {
   void drop_packed();
   // Issues the reduce-scatter of the packed input; with `all_reduce` (HSDP) also the replicate
   // all-reduce of its output, to which a sum kept while all-reduce was off is added first.
-  void issue(const UnitFlatLayout& flat, bool all_reduce);
+  // Gradients that live on the host while an accelerator reduces them (CPU offload, `grad_options`)
+  // are copied back on the reduce-scatter's stream right after it, into pinned memory, without
+  // blocking (FSDP2's post-reduce copy; not under HSDP, where finish() copies them).
+  void issue(const UnitFlatLayout& flat, bool all_reduce, const at::TensorOptions& grad_options);
   // Issued and not yet finished by finish().
   bool pending() const { return output_.defined(); }
   // Finished on the wire, so finish() will not block. Never under HSDP: there the end of
@@ -115,6 +122,9 @@ class UnitGradientReduce {
   Work all_reduce_work_;
   bool all_reduce_issued_ = false;
   at::Tensor partial_output_;  // HSDP without all-reduce: reduce-scatter outputs, summed
+  // CPU offload: the output's copy in pinned host memory, complete once `host_copied_` is.
+  at::Tensor host_output_;
+  std::shared_ptr<c10::Event> host_copied_;
   std::vector<char> had_partial_grad_;
 };
 

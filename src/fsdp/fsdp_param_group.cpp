@@ -223,11 +223,27 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
   // collective finished with it.
   const at::ScalarType dtype = compute_options().dtype().toScalarType();
   gathering_full_precision_ = purpose == UnshardFor::kFullPrecision && dtype != sharded_flat_.scalar_type();
-  const at::Tensor input = gathering_full_precision_ ? sharded_flat_.to(compute_device_)
-                                                     : sharded_flat_.to(compute_options(), /*non_blocking=*/sharded_flat_.is_pinned());
+  const at::TensorOptions input_options =
+      gathering_full_precision_ ? at::TensorOptions().dtype(sharded_flat_.scalar_type()).device(compute_device_)
+                                : compute_options();
   // Its memory comes when the exchange starts (in place) or at the wait.
-  if (gathering_full_precision_) full_precision_flat_ = unallocated(flat_.unsharded_numel(), input.options());
-  all_gather_.start(input, process_group_, gather_layout_, gathering_full_precision_ ? full_precision_flat_ : unsharded_flat_);
+  if (gathering_full_precision_) full_precision_flat_ = unallocated(flat_.unsharded_numel(), input_options);
+  const at::Tensor& target = gathering_full_precision_ ? full_precision_flat_ : unsharded_flat_;
+  if (sharded_flat_.is_cpu() && !compute_device_.is_cpu()) {
+    // CPU offload with an accelerator computing: the shards are copied to it on the comm thread,
+    // on the gather's stream (non-blocking from pinned memory), not on the compute stream.
+    const at::Tensor input = unallocated(sharded_flat_.numel(), input_options);
+    all_gather_.start(input, process_group_, gather_layout_, target, [input, shards = sharded_flat_] {
+      allocate_storage(input);
+      // A cast in the same copy would be made on the host first (from unpinned memory).
+      if (shards.scalar_type() == input.scalar_type())
+        input.copy_(shards, /*non_blocking=*/shards.is_pinned());
+      else
+        input.copy_(shards.to(input.device(), /*non_blocking=*/shards.is_pinned()));
+    });
+    return;
+  }
+  all_gather_.start(sharded_flat_.to(input_options), process_group_, gather_layout_, target);
 }
 
 void FSDPParamGroup::materialize(const std::function<void()>& init) {
@@ -404,7 +420,7 @@ bool FSDPParamGroup::post_backward(const std::function<void()>& after_release) {
     gradient_reduce_.drop_packed();
     throw;
   }
-  gradient_reduce_.issue(flat_, requires_all_reduce_);
+  gradient_reduce_.issue(flat_, requires_all_reduce_, sharded_flat_.options());
   return true;
 }
 

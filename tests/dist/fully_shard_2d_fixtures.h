@@ -31,12 +31,14 @@ struct Case2D {
   bool activation_checkpointing = false;
   int64_t mlp_dim = 16;
   bool cpu_offload = false;  // CPUOffloadPolicy() on every unit
+  at::Device device = at::kCPU;  // where both models compute (tests/gpu: a CUDA device)
+  double tolerance_scale = 1;     // times the bounds above (measured on the CPU)
 };
 
 inline std::string describe(const Case2D& c) {
   return "reshard_after_forward " + std::to_string(c.reshard_after_forward) + " ac " +
          std::to_string(c.activation_checkpointing) + " mlp_dim " + std::to_string(c.mlp_dim) +
-         (c.cpu_offload ? " cpu_offload" : "");
+         (c.cpu_offload ? " cpu_offload" : "") + (c.device.is_cpu() ? "" : " on " + c.device.str());
 }
 
 // PyTorch's MLPStack (common_fsdp.py) without sequence parallelism: hidden sizes 3x, 4x, 3x
@@ -61,6 +63,7 @@ inline ParallelizePlan mlp_stack_plan(size_t mlps) {
 // whatever mesh the test built).
 inline FSDPSequential make_2d(int64_t dim, const DeviceMesh& dp_mesh, const DeviceMesh& tp_mesh, const Case2D& c) {
   Sequential stack = make_mlp_stack(dim);
+  stack->to(c.device);
   parallelize_module(*stack, tp_mesh, mlp_stack_plan(stack->size()));
   auto options = FullyShardOptions().mesh(dp_mesh).reshard_after_forward(c.reshard_after_forward);
   if (c.cpu_offload) options.offload_policy(CPUOffloadPolicy());
@@ -110,14 +113,15 @@ inline void expect_same(const at::Tensor& actual, const at::Tensor& expected, do
 
 // Every global parameter of the 2-D model against the plain reference's.
 inline void expect_global_params_close(torch::nn::Module& model, torch::nn::Module& ref, const std::string& label,
-                                       double atol = kParamAtol) {
+                                       double tolerance_scale = 1, double atol = kParamAtol) {
   const auto global = global_params(model);
   const auto ref_named = ref.named_parameters();
   ASSERT_EQ(global.size(), ref_named.size()) << label;
   for (const auto& item : ref_named) {
     auto it = global.find(item.key());
     ASSERT_TRUE(it != global.end()) << label << ": no parameter " << item.key();
-    expect_same(it->second, item.value().detach(), kParamRtol, atol, label + " param " + item.key());
+    expect_same(it->second, item.value().detach(), tolerance_scale * kParamRtol, tolerance_scale * atol,
+                label + " param " + item.key());
   }
 }
 
@@ -130,6 +134,7 @@ inline void check_2d_parity(const DeviceMesh& dp_mesh, const DeviceMesh& tp_mesh
                             int input_seed = 0, FSDPSequential* trained = nullptr) {
   const std::string label = describe(c);
   Sequential ref_module = make_mlp_stack(c.mlp_dim);
+  ref_module->to(c.device);
   auto ref = replicate(ref_module, DistributedDataParallelOptions().process_group(dp_mesh.get_group()));
   FSDPSequential model = make_2d(c.mlp_dim, dp_mesh, tp_mesh, c);
   if (trained) *trained = model;
@@ -143,17 +148,18 @@ inline void check_2d_parity(const DeviceMesh& dp_mesh, const DeviceMesh& tp_mesh
         o->zero_grad();
       }
     }
-    at::Tensor x = torch::randn({8, c.mlp_dim});
+    at::Tensor x = torch::randn({8, c.mlp_dim}).to(c.device);
     at::Tensor ref_loss = ref.forward(x).sum();
     ref_loss.backward();
     ref_opt.step();
     at::Tensor loss = model->forward(x).sum();
     loss.backward();
     opt.step();
-    expect_same(loss.detach(), ref_loss.detach(), kLossRtol, kLossAtol, label + " iter " + std::to_string(iter) + " loss");
+    expect_same(loss.detach(), ref_loss.detach(), c.tolerance_scale * kLossRtol, c.tolerance_scale * kLossAtol,
+                label + " iter " + std::to_string(iter) + " loss");
     if (::testing::Test::HasFailure()) return;
   }
-  expect_global_params_close(*model, *ref_module, label);
+  expect_global_params_close(*model, *ref_module, label, c.tolerance_scale);
 }
 
 }  // namespace fsdpp

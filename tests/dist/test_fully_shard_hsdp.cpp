@@ -9,122 +9,12 @@
 #include <fsdpp/state_dict.h>
 
 #include "dist/fsdp_test_util.h"
+#include "dist/hsdp_fixtures.h"
 
 namespace fsdpp {
 namespace {
 
 namespace ckpt = fsdpp::checkpoint;
-
-// The seed's model: a LayerNorm (in the root) and three MLPs, each its own unit.
-struct HSDPCase {
-  bool reshard_after_forward = true;
-  bool activation_checkpointing = false;
-  int64_t mlp_dim = 16;
-  bool sync_gradients_at_last_batch = true;
-  // Seed 001's reduce_scatter_only: every microbatch reduce-scatters, only the last all-reduces
-  // across replicas (set_requires_all_reduce instead of set_requires_gradient_sync).
-  bool reduce_scatter_only = false;
-};
-
-std::string describe(const HSDPCase& c) {
-  return "reshard_after_forward " + std::to_string(c.reshard_after_forward) + " ac " +
-         std::to_string(c.activation_checkpointing) + " mlp_dim " + std::to_string(c.mlp_dim) + " sync_at_last " +
-         std::to_string(c.sync_gradients_at_last_batch) + (c.reduce_scatter_only ? " reduce_scatter_only" : "");
-}
-
-Sequential make_plain(int64_t dim) {
-  torch::manual_seed(42);
-  return Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})), MLP(dim, 3 * dim), MLP(dim, 4 * dim),
-                    MLP(dim, 3 * dim));
-}
-
-// make_plain's model with each MLP a unit (checkpointed inside it when asked) and the root.
-FSDPSequential make_sharded(int64_t dim, const FullyShardOptions& options, bool activation_checkpointing) {
-  Sequential plain = make_plain(dim);
-  Sequential seq;
-  seq->push_back(plain->ptr<torch::nn::LayerNormImpl>(0));
-  for (size_t i = 1; i < plain->size(); ++i) {
-    auto mlp = plain->ptr<MLPImpl>(i);
-    if (activation_checkpointing)
-      seq->push_back(fully_shard(checkpoint_wrapper(mlp), options));
-    else
-      seq->push_back(fully_shard(mlp, options));
-  }
-  return FSDPSequential(seq, options);
-}
-
-// Trains the HSDP model and DDP (on the world group, the reference) on the same per-rank data:
-// 5 iterations of 3 microbatches, gradient sync only at the last microbatch when asked. Losses,
-// gradient shards and parameter shards match the reference's rows of this rank's shard.
-void check_parity_with_ddp(RankContext& ctx, const FullyShardOptions& options, int shard_size, const HSDPCase& c) {
-  const std::string label = describe(c);
-  const int shard_rank = ctx.rank % shard_size;
-  auto ref_module = make_plain(c.mlp_dim);
-  auto ref = replicate(ref_module);
-  FSDPSequential model =
-      make_sharded(c.mlp_dim, FullyShardOptions(options).reshard_after_forward(c.reshard_after_forward),
-                   c.activation_checkpointing);
-  auto ref_params = ref_module->parameters();
-  auto params = model->parameters();
-  ASSERT_EQ(params.size(), ref_params.size());
-  auto check_shards = [&](const std::string& where, bool grads) {
-    for (size_t i = 0; i < params.size(); ++i) {
-      const at::Tensor& expected = grads ? ref_params[i].grad() : ref_params[i];
-      const at::Tensor& actual = grads ? params[i].grad() : params[i];
-      expect_close(actual.detach(), shard_rows(expected.detach(), shard_rank, shard_size),
-                   where + (grads ? " grad " : " param ") + std::to_string(i));
-    }
-  };
-  check_shards(label + " init", false);
-  torch::optim::Adam ref_opt(ref_params, 1e-2), opt(params, 1e-2);
-  torch::manual_seed(42 + ctx.rank + 1);
-  for (int iter = 0; iter < 5; ++iter) {
-    const std::string where = label + " iter " + std::to_string(iter);
-    for (int micro = 0; micro < 3; ++micro) {
-      if (c.reduce_scatter_only)
-        model->set_requires_all_reduce(micro == 2);
-      else if (c.sync_gradients_at_last_batch)
-        model->set_requires_gradient_sync(micro == 2);
-      at::Tensor x = torch::randn({8, c.mlp_dim});
-      at::Tensor ref_loss = ref.forward(x).sum();
-      ref_loss.backward();
-      CommDebugMode comm;
-      at::Tensor loss = model->forward(x).sum();
-      loss.backward();
-      if (c.reduce_scatter_only) {
-        EXPECT_EQ(comm.count("reduce_scatter_tensor"), 4) << where;
-        EXPECT_EQ(comm.count("all_reduce"), micro == 2 && shard_size < ctx.world_size ? 4 : 0) << where;
-      }
-      EXPECT_TRUE(at::allclose(loss, ref_loss, 1e-5, 1e-4)) << where << " micro " << micro << ": " << loss.item<float>()
-                                                           << " vs " << ref_loss.item<float>();
-    }
-    check_shards(where, true);
-    ref_opt.step();
-    opt.step();
-    for (auto* o : std::initializer_list<torch::optim::Optimizer*>{&ref_opt, &opt}) {
-      if (iter % 2 == 0) {
-        for (auto& p : o->parameters()) p.mutable_grad().reset();
-      } else {
-        o->zero_grad();
-      }
-    }
-    check_shards(where, false);
-    if (::testing::Test::HasFailure()) return;
-  }
-}
-
-std::vector<HSDPCase> seed_sweep() {
-  std::vector<HSDPCase> cases;
-  for (bool raf : {false, true})
-    for (bool ac : {false, true})
-      for (int64_t dim : {3, 16, 17})
-        for (bool sync_last : {true, false}) cases.push_back({raf, ac, dim, sync_last});
-  return cases;
-}
-
-DeviceMesh hsdp_mesh(RankContext& ctx, int replicate_size, int shard_size) {
-  return init_device_mesh(ctx.world, {replicate_size, shard_size}, {"replicate", "shard"});
-}
 
 // test_train_parity_hsdp at world size 4: a 2 x 2 mesh.
 TEST(FullyShardHSDP, TrainParityHsdp2x2) {
@@ -175,7 +65,7 @@ TEST(FullyShardHSDP, CollectivesAndBytesOfAStep) {
   run_ranks(4, [](RankContext& ctx) {
     const int64_t dim = 16;
     const auto options = FullyShardOptions().mesh(hsdp_mesh(ctx, 2, 2)).reshard_after_forward(false);
-    FSDPSequential model = make_sharded(dim, options, false);
+    FSDPSequential model = make_hsdp_sharded(dim, options, false);
     auto units = fsdp_units(*model);
     ASSERT_EQ(units.size(), 4u);
     int64_t padded = 0;
@@ -211,7 +101,7 @@ TEST(FullyShardHSDP, CollectivesAndBytesOfAStep) {
 TEST(FullyShardHSDP, StateDictsAndCheckpointAcrossLayouts) {
   run_ranks(4, [](RankContext& ctx) {
     const int64_t dim = 17;
-    FSDPSequential model = make_sharded(dim, FullyShardOptions().mesh(hsdp_mesh(ctx, 2, 2)), false);
+    FSDPSequential model = make_hsdp_sharded(dim, FullyShardOptions().mesh(hsdp_mesh(ctx, 2, 2)), false);
     torch::optim::Adam opt(model->parameters(), 1e-2);
     torch::manual_seed(5);  // the same data on every rank: the replicas agree anyway
     model->forward(torch::randn({8, dim})).sum().backward();
@@ -219,7 +109,7 @@ TEST(FullyShardHSDP, StateDictsAndCheckpointAcrossLayouts) {
     auto trained = full_params(*model);
 
     StateDict full = get_model_state_dict(*model, StateDictOptions().full_state_dict(true));
-    Sequential plain = make_plain(dim);
+    Sequential plain = make_hsdp_plain(dim);
     ASSERT_EQ(full.size(), plain->named_parameters().size() + plain->named_buffers().size());
     size_t i = 0;
     for (const auto& p : plain->named_parameters()) {
@@ -229,7 +119,7 @@ TEST(FullyShardHSDP, StateDictsAndCheckpointAcrossLayouts) {
 
     const std::string dir = ctx.temp_dir + "/hsdp";
     ckpt::save(get_model_state_dict(*model), dir);
-    FSDPSequential flat = make_sharded(dim, FullyShardOptions(), false);
+    FSDPSequential flat = make_hsdp_sharded(dim, FullyShardOptions(), false);
     StateDict sd = get_model_state_dict(*flat);
     ckpt::load(sd, dir);
     set_model_state_dict(*flat, sd);
@@ -258,8 +148,8 @@ TEST_P(FullyShardShardingStrategy, NoShardTrainsAsDDP) {
       c.mlp_dim = 17;
       check_parity_with_ddp(ctx, options, 1, c);
     }
-    FSDPSequential model = make_sharded(5, options, false);
-    const auto plain = make_plain(5)->parameters();
+    FSDPSequential model = make_hsdp_sharded(5, options, false);
+    const auto plain = make_hsdp_plain(5)->parameters();
     auto params = model->parameters();
     for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(params[i].sizes(), plain[i].sizes()) << "whole on every rank";
     CommDebugMode comm;
@@ -277,7 +167,7 @@ TEST_P(FullyShardShardingStrategy, ShardGradOpKeepsParametersFromForwardToBackwa
     HSDPCase c;
     c.reshard_after_forward = true;  // overridden by the strategy
     check_parity_with_ddp(ctx, FullyShardOptions(options), ctx.world_size, c);
-    FSDPSequential model = make_sharded(16, options, false);
+    FSDPSequential model = make_hsdp_sharded(16, options, false);
     CommDebugMode comm;
     model->forward(torch::randn({4, 16})).sum().backward();
     EXPECT_EQ(comm.count("all_gather_into_tensor"), 4) << "forward only";
@@ -298,7 +188,7 @@ TEST(FullyShardShardingStrategyHybrid, HybridShardShardsWithinNodes) {
         c.mlp_dim = 3;
         check_parity_with_ddp(ctx, hybrid, 2, c);
         auto train = [&](const FullyShardOptions& options) {
-          FSDPSequential model = make_sharded(16, options, false);
+          FSDPSequential model = make_hsdp_sharded(16, options, false);
           torch::optim::SGD opt(model->parameters(), 0.1);
           torch::manual_seed(9 + ctx.rank);
           for (int i = 0; i < 3; ++i) {
@@ -327,7 +217,7 @@ TEST_P(FullyShardShardingStrategy, FullStateDictSaveLoadMixedSharding) {
     const int n = ctx.world_size, rank = ctx.rank;
     const int64_t dim = 7, local = kGlobalBatch / n;
     auto build = [&] {
-      Sequential p = make_plain(dim);
+      Sequential p = make_hsdp_plain(dim);
       Sequential seq;
       seq->push_back(p->ptr<torch::nn::LayerNormImpl>(0));
       seq->push_back(fully_shard(p->ptr<MLPImpl>(1), FullyShardOptions()));
@@ -339,7 +229,7 @@ TEST_P(FullyShardShardingStrategy, FullStateDictSaveLoadMixedSharding) {
       torch::manual_seed(11 + step);
       return torch::randn({kGlobalBatch, dim});
     };
-    Sequential ref = make_plain(dim);
+    Sequential ref = make_hsdp_plain(dim);
     FSDPSequential model = build();
     {  // The seed's topology: the children's parameters are shards, the root's whole.
       auto ref_named = ref->named_parameters();
@@ -395,7 +285,7 @@ TEST_P(FullyShardShardingStrategy, FullStateDictSaveLoadMixedSharding) {
 TEST(FullyShardHSDPErrors, MeshesAndStrategiesThatDisagreeAreRefused) {
   run_ranks(4, [](RankContext& ctx) {
     auto refused = [&](const FullyShardOptions& options, const std::string& expected) {
-      Sequential plain = make_plain(4);
+      Sequential plain = make_hsdp_plain(4);
       try {
         FSDPSequential model(plain, options);
         ADD_FAILURE() << "accepted; expected: " << expected;
@@ -429,7 +319,7 @@ TEST(FullyShardHSDPErrors, AFailedReplicateAllReduceSurfacesFromBackward) {
     const DeviceMesh mesh = hsdp_mesh(ctx, 2, 2);
     const at::ScalarType reduce_dtype = ctx.rank < 2 ? at::kDouble : at::kFloat;  // replicate coordinate 0 or 1
     const auto options = FullyShardOptions().mesh(mesh).mp_policy(MixedPrecisionPolicy().reduce_dtype(reduce_dtype));
-    FSDPSequential model = make_sharded(4, options, false);
+    FSDPSequential model = make_hsdp_sharded(4, options, false);
     std::string error = "no error";
     try {
       model->forward(torch::randn({8, 4})).sum().backward();
@@ -450,7 +340,7 @@ TEST(FullyShardHSDPErrors, HybridShardNeedsANodeSizeThatDividesTheGroup) {
   run_ranks(
       4,
       [](RankContext&) {
-        Sequential plain = make_plain(4);
+        Sequential plain = make_hsdp_plain(4);
         try {
           FSDPSequential model(plain, FullyShardOptions().sharding_strategy(ShardingStrategy::HYBRID_SHARD));
           FAIL() << "accepted";
