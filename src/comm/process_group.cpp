@@ -1,6 +1,7 @@
 #include <fsdpp/process_group.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -455,8 +456,19 @@ ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
   return make_child(parent, parent.name + "/" + std::to_string(parent.next_child++), std::move(sorted));
 }
 
+namespace {
+// Python ignores SIGPIPE, so PyTorch's ranks meet a dead peer's closed socket as an error (EPIPE)
+// that names it, never as a signal; a C++ process would die of one (Gloo writes to its peers,
+// when it shuts a group down too). Left alone when the program installed its own handler.
+void ignore_sigpipe_as_python_does() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+}
+}  // namespace
+
 ProcessGroup init_process_group(const InitProcessGroupOptions& options) {
   device_backend_of(options.backend());  // a misspelt backend fails before the rendezvous
+  ignore_sigpipe_as_python_does();
   // One deadline for the whole rendezvous: store, arrival of every rank.
   const std::chrono::milliseconds timeout = timeout_from(options.timeout());
   const auto deadline = std::chrono::steady_clock::now() + timeout;
