@@ -21,12 +21,6 @@ auto all_gather_single(Group& g, at::Tensor& out, at::Tensor& in, const c10d::Al
   return g._allgather_base(out, in, options);
 }
 
-template <typename Options>
-auto queue_on_current_stream(Options& options, int) -> decltype(void(options.asyncOp = false)) {
-  options.asyncOp = false;
-}
-template <typename Options>
-void queue_on_current_stream(Options&, long) {}
 template <typename Group>
 auto reduce_scatter_single(Group& g, at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& options, int)
     -> decltype(g.reduce_scatter_single(out, in, options)) {
@@ -37,6 +31,13 @@ auto reduce_scatter_single(Group& g, at::Tensor& out, at::Tensor& in, const c10d
                            long) {
   return g._reduce_scatter_base(out, in, options);
 }
+
+template <typename Options>
+auto queue_on_current_stream(Options& options, int) -> decltype(void(options.asyncOp = false)) {
+  options.asyncOp = false;
+}
+template <typename Options>
+void queue_on_current_stream(Options&, long) {}
 
 }  // namespace detail
 
