@@ -9,11 +9,13 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include "comm/device_collectives.h"
+#include "comm/device_handoff.h"
+#include "comm/device_transport.h"
 #include "comm/fake_backend.h"
 #include "comm/gloo_ring_order.h"
 #include "comm/process_group_impl.h"
 #include "comm/shm_transport.h"
+#include "comm/transport_dtypes.h"
 
 namespace fsdpp::detail {
 namespace {
@@ -180,40 +182,11 @@ void run_all_reduce_by_scatter_gather(const ProcessGroupImpl& g, const at::Tenso
 
 }  // namespace
 
-c10d::ReduceOp to_c10d(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::MIN: return c10d::ReduceOp::MIN;
-    case ReduceOp::MAX: return c10d::ReduceOp::MAX;
-    default: return c10d::ReduceOp::SUM;  // AVG divides afterwards
-  }
-}
-
-// A view of the same bytes as a dtype Gloo accepts (it rejects bfloat16 and int16), for
-// collectives that only move bytes: no arithmetic happens on them.
-at::Tensor as_wire(const at::Tensor& t) {
-  at::Tensor flat = t.reshape({-1});
-  switch (t.element_size()) {
-    case 1: return flat.view(at::kByte);
-    case 2: return flat.view(at::kHalf);
-    case 4: return flat.view(at::kInt);
-    default: return flat.view(at::kLong);
-  }
-}
-
-bool gloo_can_reduce(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: case at::kDouble: case at::kHalf: case at::kChar: case at::kByte: case at::kInt: case at::kLong:
-      return true;
-    default:
-      return false;
-  }
-}
-
 // all_gather as N-1 concurrent point-to-point exchanges straight into output's chunks:
 // no staging copy, and each rank sends its input once to each peer, (N-1)/N of output.
 void run_all_gather(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input) {
   if (g.fake) return run_fake_exchange(input);
-  if (on_device(input)) return run_device_all_gather(g, output, input);
+  if (takes_device_path(g, input)) return run_device_all_gather(g, output, input);
   if (auto* shm = shm_transport(g)) return shm->all_gather(output, input);
   const int n = g.size(), r = g.rank;
   at::Tensor chunks = as_wire(output).view({n, -1});
@@ -236,7 +209,7 @@ void run_all_gather(const ProcessGroupImpl& g, const at::Tensor& output, const a
 void run_all_gather_into_layout(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input,
                                 const GatherLayout& layout) {
   if (g.fake) return run_fake_exchange(input);
-  if (on_device(input)) return run_device_all_gather_into_layout(g, output, input, layout);
+  if (takes_device_path(g, input)) return run_device_all_gather_into_layout(g, output, input, layout);
   void* out = output.data_ptr();
   const size_t element = input.element_size();
   const int64_t block = input.numel();
@@ -252,7 +225,7 @@ void run_all_gather_into_layout(const ProcessGroupImpl& g, const at::Tensor& out
 
 void run_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   if (g.fake) return run_fake_exchange(input);
-  if (on_device(input)) return run_device_reduce_scatter(g, output, input, op);
+  if (takes_device_path(g, input)) return run_device_reduce_scatter(g, output, input, op);
   if (g.size() == 1) {
     output.reshape({-1}).copy_(input.reshape({-1}));
     return;
@@ -276,7 +249,7 @@ void run_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& output, con
 
 void run_all_reduce(const ProcessGroupImpl& g, const at::Tensor& tensor, ReduceOp op) {
   if (g.fake) return run_fake_exchange(tensor);
-  if (on_device(tensor)) return run_device_all_reduce(g, tensor, op);
+  if (takes_device_path(g, tensor)) return run_device_all_reduce(g, tensor, op);
   if (g.size() == 1) return;
   const bool native = gloo_can_reduce(tensor.scalar_type());
   if (auto* shm = shm_transport(g)) {
@@ -295,7 +268,7 @@ void run_all_reduce(const ProcessGroupImpl& g, const at::Tensor& tensor, ReduceO
 
 void run_broadcast(const ProcessGroupImpl& g, const at::Tensor& tensor, int root_group_rank) {
   if (g.fake) return run_fake_exchange(tensor);
-  if (on_device(tensor)) return run_device_broadcast(g, tensor, root_group_rank);
+  if (takes_device_path(g, tensor)) return run_device_broadcast(g, tensor, root_group_rank);
   if (g.size() == 1) return;
   std::vector<at::Tensor> tensors{as_wire(tensor)};
   c10d::BroadcastOptions options;
@@ -307,7 +280,7 @@ void run_broadcast(const ProcessGroupImpl& g, const at::Tensor& tensor, int root
 void run_all_to_all(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input,
                     std::vector<int64_t> output_elements, std::vector<int64_t> input_elements) {
   if (g.fake) return run_fake_exchange(input);
-  if (on_device(input)) return run_device_all_to_all(g, output, input, output_elements, input_elements);
+  if (takes_device_path(g, input)) return run_device_all_to_all(g, output, input, output_elements, input_elements);
   at::Tensor out = as_wire(output), in = as_wire(input);
   g.backend->alltoall_base(out, in, output_elements, input_elements)->wait(g.timeout);
 }

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <fsdpp/collectives.h>
 
@@ -18,15 +17,8 @@ namespace fsdpp::detail {
 
 struct ProcessGroupImpl;
 
-// A view of the same bytes as a dtype Gloo accepts (it rejects bfloat16 and int16).
-at::Tensor as_wire(const at::Tensor& t);
-// Whether Gloo's all_reduce sums this dtype itself (not bfloat16, int16, bool, complex).
-bool gloo_can_reduce(at::ScalarType t);
-// c10d's op for a reduction; AVG is a SUM the caller divides.
-c10d::ReduceOp to_c10d(ReduceOp op);
-
 // Each runs the whole exchange over `g` (a member) and returns when it is done; AVG divides.
-// Accelerator tensors go through comm/device_collectives.h; a fake group's exchange is
+// Tensors that take the device path go through comm/device_transport.h; a fake group's exchange is
 // comm/fake_backend.h's run_fake_exchange, on any device.
 void run_all_reduce(const ProcessGroupImpl& g, const at::Tensor& tensor, ReduceOp op);
 void run_broadcast(const ProcessGroupImpl& g, const at::Tensor& tensor, int root_group_rank);

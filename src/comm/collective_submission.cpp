@@ -19,7 +19,7 @@ namespace fsdpp::detail {
 namespace {
 
 // The profiler's view of a collective: issued on the caller's thread (inside its innermost
-// record_function), then run on the group's comm thread.
+// record_function), then run on the group's comm thread (or launched on the caller's).
 struct TraceIssue {
   long long at_us = -1;  // -1: not recording when issued
   std::string in;
@@ -31,15 +31,16 @@ TraceIssue trace_issue(const std::string& name, const std::string& description) 
   return issue;
 }
 
-// A span of the comm thread's track, from the start of the run to its end (or failure).
+// A span of the comm thread's track (the issuing thread's, for a launch there), from the start
+// of the run to its end (or failure).
 class TraceRun {
  public:
   TraceRun(const ProcessGroupImpl& g, const std::string& name, const std::string& description, const TraceIssue& issue,
-           int64_t bytes_sent)
+           int64_t bytes_sent, bool on_comm_thread)
       : name_(name), description_(description), issue_(issue), bytes_sent_(bytes_sent) {
     if (!profiler::detail::recording()) return;
     start_us_ = profiler::detail::now_us();
-    profiler::detail::name_this_thread("comm thread of group " + g.name);
+    if (on_comm_thread) profiler::detail::name_this_thread("comm thread of group " + g.name);
   }
   ~TraceRun() {
     if (start_us_ < 0) return;
@@ -63,6 +64,26 @@ class TraceRun {
   long long start_us_ = -1;
 };
 
+// Runs `body` (the intent check, the exchange) of collective `seq` of `g`, turning a wait that
+// timed out (here or at a peer) into a report of who is missing.
+void reporting_hangs(const ProcessGroupImpl& g, int64_t seq, const std::string& description,
+                     const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    const bool own_timeout = is_timeout(e);
+    if (g.failed.exchange(true)) {  // an earlier collective of this group already failed here
+      if (!own_timeout) throw;
+      throw Error(description + " failed: timed out after an earlier collective of " + g.where() + " failed");
+    }
+    if (!own_timeout && !peer_timed_out(g, seq)) throw;
+    // Say who is missing, not just that the wait ended (and without c10's backtrace).
+    throw Error(description + " failed: " + report_hang(g, seq, description, own_timeout));
+  }
+}
+
 }  // namespace
 
 // Numbering and counting happen in the caller's thread, so they follow issue order.
@@ -77,37 +98,47 @@ Work submit(const ProcessGroupImpl& g, CollectiveKind kind, CollectiveIntent int
       std::string(collective_name(kind)) + "(" + what + ") #" + std::to_string(seq) + " on " + g.where();
   // A fake group has nobody to disagree with (and its exchange would bring nothing back).
   const bool check = g.check_collectives && g.size() > 1 && !g.fake;
+  const bool on_issue = handoff.launches_on_issue();
   std::string trace_name = std::string(collective_name(kind)) + " #" + std::to_string(seq) + " " + g.name;
   auto issued = profiler::detail::recording() ? trace_issue(trace_name, description) : TraceIssue{};
   std::shared_ptr<DeviceCompletion> device = handoff.completion();
-  auto state = g.comm_thread->enqueue(description, [&g, check, seq, description, intent = std::move(intent),
-                                                    run = std::move(run), trace_name, issued, bytes_sent,
-                                                    after = std::move(after), handoff = std::move(handoff)] {
+  auto launch = [&g, check_here = check && !on_issue, on_issue, seq, description, intent, run = std::move(run),
+                 trace_name, issued, bytes_sent, after = std::move(after), handoff = std::move(handoff)] {
     // Within the handoff, so that waiting for `after` orders this collective's stream after it.
-    handoff.run(g, [&] {
+    handoff.run([&] {
       try {
         after.wait();
       } catch (const std::exception& e) {
         throw Error(description + " not run: " + message_without_backtrace(e));
       }
-      TraceRun traced(g, trace_name, description, issued, bytes_sent);
-      try {
-        if (check) check_intent(g, intent);
+      TraceRun traced(g, trace_name, description, issued, bytes_sent, /*on_comm_thread=*/!on_issue);
+      reporting_hangs(g, seq, description, [&] {
+        if (check_here) check_intent(g, intent);
         run();
-      } catch (const Error&) {
-        throw;
-      } catch (const std::exception& e) {
-        const bool own_timeout = is_timeout(e);
-        if (g.failed.exchange(true)) {  // an earlier collective of this group already failed here
-          if (!own_timeout) throw;
-          throw Error(description + " failed: timed out after an earlier collective of " + g.where() + " failed");
-        }
-        if (!own_timeout && !peer_timed_out(g, seq)) throw;
-        // Say who is missing, not just that the wait ended (and without c10's backtrace).
-        throw Error(description + " failed: " + report_hang(g, seq, description, own_timeout));
-      }
+        handoff.queued();
+      });
     });
-  });
+  };
+  std::shared_ptr<WorkState> state;
+  if (on_issue) {
+    std::exception_ptr error;
+    if (check) {
+      auto checked = g.comm_thread->enqueue(description, [&g, seq, description, intent] {
+        reporting_hangs(g, seq, description, [&] { check_intent(g, intent); });
+      });
+      try {
+        checked->wait();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    if (!error) error = run_collective(description, launch);
+    state = std::make_shared<WorkState>();
+    state->description = description;
+    state->finish(error);
+  } else {
+    state = g.comm_thread->enqueue(description, std::move(launch));
+  }
   state->device = std::move(device);
   state->trace_name = std::move(trace_name);
   Work work(state);

@@ -11,7 +11,7 @@
 #include <fsdpp/work.h>
 
 #include "comm/collective_intent.h"
-#include "comm/device_collectives.h"
+#include "comm/device_handoff.h"
 
 namespace fsdpp::detail {
 
@@ -22,8 +22,10 @@ struct ProcessGroupImpl;
 // group's comm thread then waits for `after` (a chained collective; outside its span of the
 // timeline), checks `intent` across ranks when the group's check_collectives is on, and runs
 // `run`. `what` describes its arguments in messages: "all_reduce(<what>) #3 on group world
-// (rank 0 of 2)". Waits for it unless `async_op`. A collective of accelerator tensors passes the
-// `handoff` of its issuing thread's stream (comm/device_collectives.h), which `run` runs within.
+// (rank 0 of 2)". Waits for it unless `async_op`. A collective on the device path passes its
+// `handoff` (comm/device_handoff.h), which `run` runs within: under NCCL's contract on this
+// thread, now, in program order (the intent check still runs on the comm thread, which owns the
+// group's Gloo backend, and this thread waits for it).
 Work submit(const ProcessGroupImpl& g, CollectiveKind kind, CollectiveIntent intent, int64_t bytes_sent,
             const std::string& what, bool async_op, std::function<void()> run, Work after = Work(),
             DeviceHandoff handoff = DeviceHandoff());

@@ -18,6 +18,7 @@
 #include "comm/collective_intent.h"
 #include "comm/collective_submission.h"
 #include "comm/process_group_impl.h"
+#include "comm/transport_dtypes.h"
 #include "comm/wire_bytes.h"
 
 namespace fsdpp {
@@ -115,7 +116,7 @@ Work all_reduce_impl(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& 
     detail::run_all_reduce(g, tensor, op);
   };
   return submit(g, detail::kAllReduce, intent, wire, shape_of(tensor) + ", " + to_string(op), async_op, std::move(run),
-                std::move(after), detail::DeviceHandoff::at_issue(detail::kAllReduce, {tensor}));
+                std::move(after), detail::DeviceHandoff::at_issue(g, detail::kAllReduce, {tensor}));
 }
 
 }  // namespace
@@ -146,7 +147,7 @@ Work broadcast(const at::Tensor& tensor, int src, const ProcessGroup& group, boo
   const int64_t bytes = detail::tree_broadcast_sends(g.rank, root, g.size()) * tensor.numel() * tensor.element_size();
   return submit(g, detail::kBroadcast, intent, bytes, shape_of(tensor) + ", src " + std::to_string(src), async_op,
                 [&g, tensor, root] { detail::run_broadcast(g, tensor, root); }, Work(),
-                detail::DeviceHandoff::at_issue(detail::kBroadcast, {tensor}));
+                detail::DeviceHandoff::at_issue(g, detail::kBroadcast, {tensor}));
 }
 
 namespace {
@@ -170,7 +171,7 @@ Work all_gather_into_tensor_impl(const at::Tensor& output, const at::Tensor& inp
                     detail::run_all_gather_into_layout(g, output, input, *layout);
                   else
                     detail::run_all_gather(g, output, input);
-                }, Work(), detail::DeviceHandoff::at_issue(detail::kAllGather, {input, output}));
+                }, Work(), detail::DeviceHandoff::at_issue(g, detail::kAllGather, {input, output}));
 }
 
 }  // namespace
@@ -215,7 +216,7 @@ Work reduce_scatter_tensor_impl(const at::Tensor& output, const at::Tensor& inpu
                 [&g, output, input, op, done = std::move(done)] {
                   detail::run_reduce_scatter(g, output, input, op);
                   if (done) done();
-                }, Work(), detail::DeviceHandoff::at_issue(detail::kReduceScatter, {input, output}));
+                }, Work(), detail::DeviceHandoff::at_issue(g, detail::kReduceScatter, {input, output}));
 }
 
 }  // namespace
@@ -274,7 +275,7 @@ Work all_to_all_single(const at::Tensor& output, const at::Tensor& input, const 
   return submit(g, detail::kAllToAll, intent, bytes, "output " + shape_of(output) + ", input " + shape_of(input), async_op,
                 [&g, output, input, out_elems, in_elems] {
                   detail::run_all_to_all(g, output, input, out_elems, in_elems);
-                }, Work(), detail::DeviceHandoff::at_issue(detail::kAllToAll, {input, output}));
+                }, Work(), detail::DeviceHandoff::at_issue(g, detail::kAllToAll, {input, output}));
 }
 
 Work barrier(const ProcessGroup& group, bool async_op) {

@@ -6,7 +6,7 @@
 #include <fsdpp/profiler.h>
 #include <fsdpp/work.h>
 
-#include "comm/device_collectives.h"
+#include "comm/device_completion.h"
 #include "comm/error_message.h"
 #include "profiler/timeline.h"
 
@@ -30,6 +30,22 @@ void WorkState::wait() {
 bool WorkState::is_completed() {
   std::lock_guard<std::mutex> lock(mutex);
   return done;
+}
+
+std::exception_ptr run_collective(const std::string& description, const std::function<void()>& run) {
+  try {
+    run();
+  } catch (const Error&) {
+    return std::current_exception();
+  } catch (const c10::OutOfMemoryError& e) {
+    // Kept an out-of-memory error, as a GPU's would be, so callers can tell it apart.
+    return std::make_exception_ptr(
+        c10::OutOfMemoryError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                              description + " failed: " + e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return std::make_exception_ptr(Error(description + " failed: " + message_without_backtrace(e)));
+  }
+  return nullptr;
 }
 
 CommThread::CommThread() : thread_([this] { loop(); }) {}
@@ -64,19 +80,7 @@ void CommThread::loop() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
-    std::exception_ptr error;
-    try {
-      task.run();
-    } catch (const Error&) {
-      error = std::current_exception();
-    } catch (const c10::OutOfMemoryError& e) {
-      // Kept an out-of-memory error, as a GPU's would be, so callers can tell it apart.
-      error = std::make_exception_ptr(
-          c10::OutOfMemoryError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                                task.state->description + " failed: " + e.what_without_backtrace()));
-    } catch (const std::exception& e) {
-      error = std::make_exception_ptr(Error(task.state->description + " failed: " + message_without_backtrace(e)));
-    }
+    std::exception_ptr error = run_collective(task.state->description, task.run);
     // Drop the collective's tensors before reporting completion: a caller that frees its
     // buffers after wait() must find them unreferenced.
     task.run = nullptr;

@@ -22,13 +22,18 @@ struct WorkState {
   bool done = false;
   std::exception_ptr error;
   // A device collective's end, which Work::wait() orders the waiting stream after once `done`
-  // (comm/device_collectives.h); null for a CPU collective.
+  // (comm/device_completion.h); null for a host collective.
   std::shared_ptr<DeviceCompletion> device;
 
   void finish(std::exception_ptr e);
   void wait();
   bool is_completed();
 };
+
+// Runs `run`, the collective `description` names (on its comm thread, or on the issuing thread
+// for one launched there), and returns its failure as its Work rethrows it: an fsdpp::Error as
+// it is, an out-of-memory error kept as one, anything else an fsdpp::Error naming the collective.
+std::exception_ptr run_collective(const std::string& description, const std::function<void()>& run);
 
 class CommThread {
  public:

@@ -9,7 +9,6 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include "comm/device_collectives.h"
 #include "compat/cuda_runtime.h"
 
 namespace fsdpp::detail {
@@ -69,7 +68,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> fake_process_group(const c10::intrusive_p
 void run_fake_exchange(const at::Tensor& on) {
   const std::chrono::microseconds duration(g_fake_collective_us.load());
   if (duration.count() <= 0) return;
-  if (on_device(on))
+  if (on.defined() && !on.is_cpu())
     compat::cuda_sleep(duration);  // on the current stream: the group's device stream here
   else
     std::this_thread::sleep_for(duration);

@@ -18,6 +18,7 @@
 
 #include "comm/error_message.h"
 #include "comm/fake_backend.h"
+#include "comm/nccl_contract_backend.h"
 #include "comm/local_address.h"
 #include "comm/process_group_impl.h"
 #include "compat/cuda_runtime.h"
@@ -31,14 +32,16 @@ namespace {
 // tensors over Gloo), "nccl", and device:backend pairs such as "cpu:gloo,cuda:nccl". fsdpp's own
 // exchanges (metadata, the intent check) and CPU tensors always go over Gloo, so "nccl" alone
 // takes CPU tensors too, where PyTorch's would refuse them. "fake" (comm/fake_backend.h) carries
-// both and moves nothing.
-enum class DeviceBackend { kGloo, kNccl, kFake };
+// both and moves nothing. "nccl-contract" (comm/nccl_contract_backend.h, for tests) carries CPU
+// tensors by NCCL's contract, on CPU comm streams.
+enum class DeviceBackend { kGloo, kNccl, kFake, kNcclContract };
 
 DeviceBackend device_backend_of(const std::string& backend) {
   const std::string expected = "'gloo', 'nccl', 'fake' or device:backend pairs such as 'cpu:gloo,cuda:nccl'";
   if (backend == "gloo") return DeviceBackend::kGloo;
   if (backend == "nccl") return DeviceBackend::kNccl;
   if (backend == "fake") return DeviceBackend::kFake;
+  if (backend == "nccl-contract") return DeviceBackend::kNcclContract;
   if (backend.find(':') == std::string::npos)
     throw Error("backend '" + backend + "' is not available: fsdpp takes " + expected);
   DeviceBackend cuda = DeviceBackend::kGloo;
@@ -277,6 +280,12 @@ void wait_for_members(const detail::ProcessGroupImpl& g, const c10::intrusive_pt
   }
 }
 
+// PyTorch's switch for c10d's NCCL Work: the host waits for each device collective.
+bool torch_nccl_blocking_wait() {
+  const char* v = std::getenv("TORCH_NCCL_BLOCKING_WAIT");
+  return v != nullptr && (std::string(v) == "1" || std::string(v) == "true");
+}
+
 // Connects this process to the other members through a Gloo process group.
 // `arrival` bounds the wait for the members to arrive: what is left of the timeout.
 void connect(detail::ProcessGroupImpl& g, bool local_only, std::chrono::milliseconds arrival,
@@ -301,11 +310,20 @@ void connect(detail::ProcessGroupImpl& g, bool local_only, std::chrono::millisec
   // As PyTorch's store-based barrier: nobody leaves before everyone is connected, or a rank
   // that finishes early would close connections a peer is still setting up.
   wait_for_members(g, prefixed, "connected", g.timeout);
-  const bool nccl = device_backend_of(g.backend_name) == DeviceBackend::kNccl;
-  g.device_backend = nccl ? compat::make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>("nccl/", prefixed), g.rank,
-                                                      g.size(), g.timeout)
-                          : g.backend;
-  g.c10d_group = compat::as_process_group(g.backend, prefixed, g.device_backend, nccl);
+  const DeviceBackend device = device_backend_of(g.backend_name);
+  const bool nccl = device == DeviceBackend::kNccl;
+  if (device == DeviceBackend::kNcclContract) {
+    g.device_backend = detail::make_nccl_contract_backend(
+        c10::make_intrusive<c10d::PrefixStore>("nccl-contract/", prefixed), g.rank, g.size(), g.name, bound.device);
+    g.cpu_tensors_on_device_path = true;
+  } else {
+    g.device_backend = nccl ? compat::make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>("nccl/", prefixed),
+                                                        g.rank, g.size(), g.timeout)
+                            : g.backend;
+  }
+  g.device_launches_on_issue = nccl || device == DeviceBackend::kNcclContract;
+  g.blocking_wait = torch_nccl_blocking_wait();
+  g.c10d_group = compat::as_process_group(g.backend, prefixed, nccl ? g.device_backend : g.backend, nccl);
 }
 
 // A child of `parent` over the sorted global `ranks`, named `name`: connected, with its comm

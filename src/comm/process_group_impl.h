@@ -36,9 +36,18 @@ struct ProcessGroupImpl {
   bool fake = false;  // backend "fake": collectives run, exchange nothing (comm/fake_backend.h)
   c10::intrusive_ptr<c10d::Store> store;      // the world's store, unprefixed
   c10::intrusive_ptr<compat::C10dBackend> backend;  // null when not a member
-  // What carries CUDA tensors (comm/device_collectives.h): `backend` itself under "gloo",
-  // ProcessGroupNCCL under "nccl"; null when not a member.
+  // What carries CUDA tensors (comm/device_transport.h): `backend` itself under "gloo",
+  // ProcessGroupNCCL under "nccl", the NCCL-contract double (which takes CPU tensors too) under
+  // "nccl-contract"; null when not a member.
   c10::intrusive_ptr<compat::C10dBackend> device_backend;
+  // NCCL's contract (ProcessGroupNCCL or its double): collectives launched from the issuing
+  // thread on its streams (comm/device_handoff.h), NCCL's dtype rules.
+  bool device_launches_on_issue = false;
+  // The NCCL-contract double: CPU tensors take the device path, on CPU comm streams.
+  bool cpu_tensors_on_device_path = false;
+  // TORCH_NCCL_BLOCKING_WAIT=1 when the group was made: the host waits for each device
+  // collective's end, up to `timeout`.
+  bool blocking_wait = false;
   c10::intrusive_ptr<c10d::ProcessGroup> c10d_group;  // what ProcessGroup::backend() hands out
   std::vector<int> ranks;                     // global ranks of the members
   int global_rank = -1;                       // this process in the world
@@ -57,8 +66,9 @@ struct ProcessGroupImpl {
     return scratch_bytes.narrow(0, 0, bytes);
   }
 
-  // The streams device collectives run on (comm/device_collectives.cpp: all-gathers,
-  // reduce-scatters, the rest), each made at its first one; only the comm thread touches them.
+  // The streams device collectives run on (comm/device_handoff.cpp: all-gathers,
+  // reduce-scatters, the rest), each made at its first one, chosen on the issuing thread.
+  mutable std::mutex device_streams_mutex;
   mutable std::array<std::optional<c10::Stream>, 3> device_streams;
 
   // The same-host transport (shm_transport.h), decided at the group's first exchange that can

@@ -7,8 +7,16 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/version.h>
 
 namespace fsdpp::compat {
+
+// Since 2.7 `asyncOp = false` makes ProcessGroupNCCL launch on the caller's current stream and
+// return a null Work; before, the field (where the options have it) only changed how NCCL kept
+// the tensors alive.
+inline constexpr bool kAsyncOpChoosesTheStream =
+    TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7);
+
 namespace detail {
 
 template <typename Group>
@@ -39,6 +47,15 @@ auto queue_on_current_stream(Options& options, int) -> decltype(void(options.asy
 template <typename Options>
 void queue_on_current_stream(Options&, long) {}
 
+template <typename Options>
+auto asks_current_stream(const Options& options, int) -> decltype(bool(options.asyncOp)) {
+  return kAsyncOpChoosesTheStream && !options.asyncOp;
+}
+template <typename Options>
+bool asks_current_stream(const Options&, long) {
+  return false;
+}
+
 }  // namespace detail
 
 inline c10::intrusive_ptr<c10d::Work> all_gather_single(c10d::ProcessGroup& g, at::Tensor& out, at::Tensor& in) {
@@ -67,6 +84,13 @@ inline c10::intrusive_ptr<c10d::Work> reduce_scatter_single(c10d::Backend& b, at
 template <typename Options>
 void queue_on_current_stream(Options& options) {
   detail::queue_on_current_stream(options, 0);
+}
+
+// Whether `options` ask a backend with NCCL's contract to launch on the caller's current stream
+// (and return a null Work): what the NCCL-contract double reads.
+template <typename Options>
+bool asks_current_stream(const Options& options) {
+  return detail::asks_current_stream(options, 0);
 }
 
 }  // namespace fsdpp::compat

@@ -2,12 +2,12 @@
 
 #include <utility>
 
-#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <fsdpp/collectives.h>
 
 #include "comm/chained_collectives.h"
+#include "comm/device_stream.h"
 #include "comm/process_group_impl.h"
 #include "comm/shm_transport.h"
 #include "fsdp/storage_memory.h"
@@ -24,7 +24,7 @@ void wait_quietly(const Work& work) noexcept {
 }
 }  // namespace
 
-// A device's gathers place each rank's block with device copies (comm/device_collectives.h),
+// A device's gathers place each rank's block with device copies (comm/device_transport.h),
 // whatever the group's transport.
 bool gathers_in_place(const ProcessGroup& group, const at::Device& device) {
   return !device.is_cpu() || group.size() == 1 || uses_shared_memory(group);
@@ -78,7 +78,7 @@ void UnitAllGather::finish(bool keep) {
   // shards in from host memory, which the optimizer is about to write: the host waits for it.
   const bool copied_in = std::exchange(copies_in_, false);
   if (!keep && copied_in && !target.is_cpu())
-    c10::impl::VirtualGuardImpl(target.device().type()).getStream(target.device()).synchronize();
+    current_stream(target.device()).synchronize();
 }
 
 at::Tensor gather_unsharded_copy(const at::Tensor& sharded_flat, const UnitFlatLayout& flat,
@@ -122,14 +122,14 @@ void UnitGradientReduce::issue(const UnitFlatLayout& flat, bool all_reduce, cons
   // all-gathers queued behind it allocate their outputs.
   std::function<void()> done = [input = input_] { release_storage(input); };
   at::Tensor host_output;
-  std::shared_ptr<c10::Event> host_copied;
+  std::shared_ptr<StreamEvent> host_copied;
   if (!replicate_group_.defined() && grad_options.device().is_cpu() && !output_.is_cpu()) {
     host_output = at::empty(output_.sizes(), output_.options().device(at::kCPU).pinned_memory(true));
-    host_copied = std::make_shared<c10::Event>(output_.device().type());
+    host_copied = std::make_shared<StreamEvent>(output_.device().type());
     done = [input = input_, output = output_, host = host_output, copied = host_copied] {
       release_storage(input);
       host.copy_(output, /*non_blocking=*/true);
-      copied->record(c10::impl::VirtualGuardImpl(output.device().type()).getStream(output.device()));
+      copied->record(current_stream(output.device()));
     };
   }
   reduce_scatter_work_ = reduce_scatter_tensor_then(output_, input_, ReduceOp::AVG, shard_group_, std::move(done));
@@ -144,10 +144,10 @@ void UnitGradientReduce::issue(const UnitFlatLayout& flat, bool all_reduce, cons
   for (size_t i = 0; i < had_partial_grad_.size(); ++i) had_grad_[i] |= had_partial_grad_[i];
   had_partial_grad_.clear();
   std::function<void()> add_partial;
-  // The sum is freed on the comm thread once added (on a device: after what its stream queued).
+  // Added on the all-reduce stream once the reduce-scatter is done, and freed after that.
   if (partial.defined())
     add_partial = [output = output_, partial = std::move(partial)] {
-      output.add_(partial);
+      run_on_current_stream(output.device(), [output, partial] { output.add_(partial); });
       release_storage(partial);
     };
   all_reduce_work_ = all_reduce_after(reduce_scatter_work_, output_, ReduceOp::AVG, replicate_group_, std::move(add_partial));
@@ -178,7 +178,7 @@ void UnitGradientReduce::finish(const std::vector<FSDPParam>& params, const Unit
   const Work all_reduce_work = std::exchange(all_reduce_work_, Work());
   const bool all_reduced = std::exchange(all_reduce_issued_, false);
   at::Tensor host_output = std::exchange(host_output_, at::Tensor());
-  const std::shared_ptr<c10::Event> host_copied = std::exchange(host_copied_, nullptr);
+  const std::shared_ptr<StreamEvent> host_copied = std::exchange(host_copied_, nullptr);
   // A failed reduce-scatter throws here; its all-reduce then fails without running.
   reduce_scatter_work.wait();
   drop_packed();

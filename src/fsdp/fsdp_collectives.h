@@ -10,11 +10,11 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <c10/core/Event.h>
 
 #include <fsdpp/process_group.h>
 #include <fsdpp/work.h>
 
+#include "comm/device_stream.h"
 #include "comm/gather_layout.h"
 #include "fsdp/fsdp_param.h"
 #include "fsdp/unit_flat_layout.h"
@@ -124,7 +124,7 @@ class UnitGradientReduce {
   at::Tensor partial_output_;  // HSDP without all-reduce: reduce-scatter outputs, summed
   // CPU offload: the output's copy in pinned host memory, complete once `host_copied_` is.
   at::Tensor host_output_;
-  std::shared_ptr<c10::Event> host_copied_;
+  std::shared_ptr<StreamEvent> host_copied_;
   std::vector<char> had_partial_grad_;
 };
 

@@ -24,7 +24,8 @@ using testing::RankContext;
 using testing::kGpu;
 
 // Runs every collective on the same values as CUDA and as CPU tensors (values whose sums are exact,
-// so any order of summation gives the same bits) and expects the same results.
+// so any order of summation gives the same bits) and expects the same results. Outputs start as
+// -1s, so that an out-of-place collective that wrote nothing (a no-op at world size 1) fails.
 void expect_each_collective_as_on_the_cpu(RankContext& ctx) {
   const int n = ctx.world_size, r = ctx.rank;
   const at::Tensor base = at::arange(12, at::kFloat).add_(100 * r);
@@ -40,21 +41,21 @@ void expect_each_collective_as_on_the_cpu(RankContext& ctx) {
     EXPECT_TRUE(at::equal(gpu.cpu(), at::arange(12, at::kFloat).add_(100 * (n - 1)))) << "broadcast";
   }
   {
-    at::Tensor cpu = at::empty({n * 12}), gpu = at::empty({n * 12}, kGpu);
+    at::Tensor cpu = at::full({n * 12}, -1.0f), gpu = at::full({n * 12}, -1.0f, kGpu);
     all_gather_into_tensor(cpu, base, ctx.world);
     all_gather_into_tensor(gpu, base.to(kGpu), ctx.world);
     EXPECT_TRUE(at::equal(cpu, gpu.cpu())) << "all_gather_into_tensor";
   }
   for (ReduceOp op : {ReduceOp::SUM, ReduceOp::AVG}) {
     const at::Tensor input = at::arange(n * 4, at::kFloat).add_(r);
-    at::Tensor cpu = at::empty({4}), gpu = at::empty({4}, kGpu);
+    at::Tensor cpu = at::full({4}, -1.0f), gpu = at::full({4}, -1.0f, kGpu);
     reduce_scatter_tensor(cpu, input, op, ctx.world);
     reduce_scatter_tensor(gpu, input.to(kGpu), op, ctx.world);
     EXPECT_TRUE(at::equal(cpu, gpu.cpu())) << "reduce_scatter_tensor " << to_string(op);
   }
   {
     const at::Tensor input = at::arange(n * 2, at::kFloat).add_(10 * r);
-    at::Tensor cpu = at::empty({n * 2}), gpu = at::empty({n * 2}, kGpu);
+    at::Tensor cpu = at::full({n * 2}, -1.0f), gpu = at::full({n * 2}, -1.0f, kGpu);
     all_to_all_single(cpu, input, {}, {}, ctx.world);
     all_to_all_single(gpu, input.to(kGpu), {}, {}, ctx.world);
     EXPECT_TRUE(at::equal(cpu, gpu.cpu())) << "all_to_all_single";
@@ -66,24 +67,31 @@ void expect_each_collective_as_on_the_cpu(RankContext& ctx) {
     all_reduce(gpu, ReduceOp::SUM, ctx.world);
     EXPECT_TRUE(at::equal(cpu, gpu.cpu())) << "all_reduce bfloat16";
     const at::Tensor input = at::arange(n * 4, at::kFloat).add_(r).to(at::kBFloat16);
-    at::Tensor cpu_shard = at::empty({4}, at::kBFloat16), gpu_shard = at::empty({4}, input.options().device(kGpu));
+    at::Tensor cpu_shard = at::full({4}, -1, at::kBFloat16), gpu_shard = at::full({4}, -1, input.options().device(kGpu));
     reduce_scatter_tensor(cpu_shard, input, ReduceOp::SUM, ctx.world);
     reduce_scatter_tensor(gpu_shard, input.to(kGpu), ReduceOp::SUM, ctx.world);
     EXPECT_TRUE(at::equal(cpu_shard, gpu_shard.cpu())) << "reduce_scatter_tensor bfloat16";
-    at::Tensor cpu_all = at::empty({n * 12}, at::kBFloat16), gpu_all = at::empty({n * 12}, small.options().device(kGpu));
+    at::Tensor cpu_all = at::full({n * 12}, -1, at::kBFloat16), gpu_all = at::full({n * 12}, -1, small.options().device(kGpu));
     all_gather_into_tensor(cpu_all, small, ctx.world);
     all_gather_into_tensor(gpu_all, small.to(kGpu), ctx.world);
     EXPECT_TRUE(at::equal(cpu_all, gpu_all.cpu())) << "all_gather_into_tensor bfloat16";
   }
-  for (ReduceOp op : {ReduceOp::SUM, ReduceOp::MAX}) {  // int16, which Gloo does not reduce itself
+  for (ReduceOp op : {ReduceOp::SUM, ReduceOp::MAX}) {  // int16, which neither Gloo nor NCCL reduces itself
     at::Tensor cpu = at::arange(12, at::kShort).add_(r), gpu = cpu.to(kGpu);
     all_reduce(cpu, op, ctx.world);
     all_reduce(gpu, op, ctx.world);
     EXPECT_TRUE(at::equal(cpu, gpu.cpu())) << "all_reduce int16 " << to_string(op);
   }
+  for (at::ScalarType dtype : {at::kShort, at::kUInt32}) {  // moved as bytes where NCCL lacks the dtype
+    const at::Tensor small = at::arange(12, at::kLong).add_(r).to(dtype);
+    at::Tensor cpu_all = at::full({n * 12}, 7, small.options()), gpu_all = at::full({n * 12}, 7, small.options().device(kGpu));
+    all_gather_into_tensor(cpu_all, small, ctx.world);
+    all_gather_into_tensor(gpu_all, small.to(kGpu), ctx.world);
+    EXPECT_TRUE(at::equal(cpu_all.to(at::kLong), gpu_all.cpu().to(at::kLong))) << "all_gather_into_tensor " << dtype;
+  }
   {  // MIN and MAX reduce-scatter, which some releases' Gloo summed
     const at::Tensor input = at::arange(n * 4, at::kFloat).mul_(r % 2 ? 1 : -1);
-    at::Tensor cpu = at::empty({4}), gpu = at::empty({4}, kGpu);
+    at::Tensor cpu = at::full({4}, -1.0f), gpu = at::full({4}, -1.0f, kGpu);
     reduce_scatter_tensor(cpu, input, ReduceOp::MIN, ctx.world);
     reduce_scatter_tensor(gpu, input.to(kGpu), ReduceOp::MIN, ctx.world);
     EXPECT_TRUE(at::equal(cpu, gpu.cpu())) << "reduce_scatter_tensor MIN";
@@ -111,11 +119,11 @@ class CudaCollectives : public testing::WorldSizeTest {};
 
 TEST_P(CudaCollectives, OverGlooOnOneGpuAsOnTheCpu) {
   FSDPP_SKIP_WITHOUT_CUDA();
-  testing::run_ranks(GetParam(), [](RankContext& ctx) {
+  testing::run_ranks(GetParam(), testing::with_delayed_collectives([](RankContext& ctx) {
     EXPECT_EQ(ctx.world.backend()->getBackend(c10::DeviceType::CUDA)->getBackendName(), "gloo");
     expect_each_collective_as_on_the_cpu(ctx);
     expect_collectives_wait_for_the_issuing_stream(ctx);
-  });
+  }));
 }
 
 // NCCL refuses two ranks on one GPU: world size 1, under both of PyTorch's spellings.
@@ -124,12 +132,12 @@ TEST(CudaNccl, WorldOfOneRunsEachCollective) {
   for (const char* backend : {"nccl", "cpu:gloo,cuda:nccl"}) {
     testing::RunOptions options;
     options.backend = backend;
-    testing::run_ranks(1, [backend](RankContext& ctx) {
+    testing::run_ranks(1, testing::with_delayed_collectives([backend](RankContext& ctx) {
       EXPECT_EQ(ctx.world.backend()->getBackend(c10::DeviceType::CUDA)->getBackendName(), "nccl") << backend;
       EXPECT_EQ(ctx.world.backend()->getBackend(c10::DeviceType::CPU)->getBackendName(), "gloo") << backend;
       expect_each_collective_as_on_the_cpu(ctx);
       expect_collectives_wait_for_the_issuing_stream(ctx);
-    }, options);
+    }), options);
   }
 }
 

@@ -1,5 +1,6 @@
 #include "harness/multi_process.h"
 
+#include <execinfo.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -20,9 +22,17 @@
 #include <gtest/gtest.h>
 
 #include <fsdpp/collectives.h>
+
+#include "comm/device_handoff.h"
 #include <fsdpp/error.h>
 
 namespace fsdpp::testing {
+
+std::string default_test_backend() {
+  const char* backend = std::getenv("FSDPP_TEST_BACKEND");
+  return backend && *backend ? backend : "gloo";
+}
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -105,6 +115,41 @@ class FailureCollector : public ::testing::EmptyTestEventListener {
   _exit(collector->failures.empty() && uncaught.empty() ? 0 : 1);
 }
 
+// A rank that dies of a signal says where, into its log (what the failure message quotes), then
+// dies of it as it would have.
+void print_backtrace_and_die(int sig) {
+  char line[96];
+  const int n = std::snprintf(line, sizeof line, "rank process %d died of signal %d (%s); backtrace:\n",
+                              static_cast<int>(getpid()), sig, strsignal(sig));
+  if (n > 0) (void)!write(2, line, static_cast<size_t>(n));
+  void* frames[64];
+  backtrace_symbols_fd(frames, backtrace(frames, 64), 2);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+void backtrace_on_fatal_signals() {
+  void* warm[1];
+  backtrace(warm, 1);  // loads libgcc now: not in the handler
+  for (int sig : {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL}) signal(sig, print_backtrace_and_die);
+}
+
+// Where a failing rank's whole log is copied, when FSDPP_TEST_FAILED_LOGS names a folder (the
+// GPU script's $OUT): the failure message quotes only its last lines.
+void keep_failed_log(const std::string& dir, int rank) {
+  const char* keep = std::getenv("FSDPP_TEST_FAILED_LOGS");
+  if (keep == nullptr || *keep == '\0') return;
+  const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string name = test ? std::string(test->test_suite_name()) + "." + test->name() : "unknown";
+  for (char& c : name)
+    if (c == '/') c = '_';
+  std::error_code ignored;
+  fs::create_directories(keep, ignored);
+  fs::copy_file(fs::path(dir) / ("rank" + std::to_string(rank) + ".log"),
+                fs::path(keep) / (name + ".rank" + std::to_string(rank) + ".log"), fs::copy_options::overwrite_existing,
+                ignored);
+}
+
 // The rank is a fork of the test process, not a re-executed binary: loading libtorch again costs
 // about a second of CPU per rank, which was most of the suite's time. The parent runs no
 // collectives (only its children do), so it holds no threads mid-collective to fork from; an
@@ -133,6 +178,10 @@ pid_t spawn_rank(int rank, int world_size, const std::string& dir,
   // (OMP_NUM_THREADS was read when the parent loaded OpenMP; a forked child sets it in code.)
   if (!threads_from_environment) at::set_num_threads(1);
   for (const auto& kv : options.env) putenv(strdup(kv.c_str()));
+  backtrace_on_fatal_signals();
+  // Suites run again over the NCCL-contract double delay every device collective's end.
+  if (const char* us = env_or_null("FSDPP_TEST_COLLECTIVE_DELAY_US"))
+    detail::set_device_collective_delay(std::chrono::microseconds(std::atoll(us)));
   run_as_rank(rank, world_size, dir, body, options);
 }
 
@@ -194,6 +243,8 @@ void run_ranks(int world_size, const std::function<void(RankContext&)>& body, co
     const auto& p = ranks[r];
     const fs::path result = fs::path(dir) / ("rank" + std::to_string(r) + ".result");
     const std::string log = tail_lines(read_file(fs::path(dir) / ("rank" + std::to_string(r) + ".log")), 15);
+    const bool ok = !p.running && WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0;
+    if (!ok) keep_failed_log(dir, r);
     if (p.running && timed_out) {
       ADD_FAILURE() << "rank " << r << " of " << world_size << " did not finish within the deadline of "
                     << options.deadline.count() << " s (killed). Its last output:\n" << log;
@@ -203,7 +254,6 @@ void run_ranks(int world_size, const std::function<void(RankContext&)>& body, co
       std::cerr << "rank " << r << " of " << world_size << " was stopped after another rank failed\n";
       continue;
     }
-    bool ok = WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0;
     if (ok) continue;
     std::string failures = fs::exists(result) ? read_file(result) : "";
     ADD_FAILURE() << "rank " << r << " of " << world_size << " failed (" << describe_status(p.status) << "):\n"

@@ -20,12 +20,17 @@ struct RankContext {
   std::string store_path;
 };
 
+// The backend run_ranks uses unless a test names one: FSDPP_TEST_BACKEND, or "gloo". CTest runs
+// some suites again under "nccl-contract" (tests/CMakeLists.txt), through the device path, with
+// each rank's device collectives delayed by FSDPP_TEST_COLLECTIVE_DELAY_US.
+std::string default_test_backend();
+
 struct RunOptions {
   std::chrono::seconds deadline{120};
   // Collectives time out well before the deadline, so a hang names its collective.
   std::chrono::milliseconds collective_timeout{60000};
   bool init_process_group = true;
-  std::string backend = "gloo";  // InitProcessGroupOptions::backend
+  std::string backend = default_test_backend();  // InitProcessGroupOptions::backend
   bool check_collectives = true;
   // Extra environment for the ranks ("NAME=value").
   std::vector<std::string> env;

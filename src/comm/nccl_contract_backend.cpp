@@ -1,0 +1,214 @@
+// comm/nccl_contract_backend.h: NCCL's contract on CPU tensors, over a Gloo communicator.
+#include "comm/nccl_contract_backend.h"
+
+#include <atomic>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "comm/device_stream.h"
+#include "comm/transport_dtypes.h"
+#include "compat/c10d_tensor_collectives.h"
+
+namespace fsdpp::detail {
+namespace {
+
+std::mutex g_launches_mutex;
+std::vector<ContractLaunch> g_launches;
+std::atomic<int64_t> g_jitter_us{0};
+
+const c10::Device kCpu(c10::DeviceType::CPU);
+
+// NCCL's kernels wait as long as it takes; a Gloo wait needs a bound.
+constexpr std::chrono::milliseconds kNoTimeout = std::chrono::hours(24);
+
+bool is_float8(at::ScalarType t) {
+  return t == at::kFloat8_e5m2 || t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2fnuz || t == at::kFloat8_e4m3fnuz;
+}
+
+// ProcessGroupNCCL's checks (getNcclDataType, getNcclReduceOp), with its messages.
+void check_dtype(const at::Tensor& t, bool reduces) {
+  TORCH_CHECK_WITH(TypeError, nccl_can_move(t.scalar_type()),
+                   "Input tensor data type is not supported for NCCL process group: ", t.scalar_type());
+  TORCH_CHECK_WITH(TypeError, !(reduces && is_float8(t.scalar_type())),
+                   "Float8 dtypes are not currently supported for NCCL reductions");
+}
+
+// What Work a collective launched on a stream of the double's own returns: wait() orders the
+// caller's stream after the end, as NCCL's Work.
+class ContractWork : public c10d::Work {
+ public:
+  explicit ContractWork(std::shared_ptr<StreamEvent> end) : end_(std::move(end)) {}
+  bool isCompleted() override { return end_->query(); }
+  bool wait(std::chrono::milliseconds /*timeout*/) override {
+    end_->block(current_stream(kCpu));
+    return true;
+  }
+
+ private:
+  std::shared_ptr<StreamEvent> end_;
+};
+
+class NcclContractBackend : public c10d::Backend {
+ public:
+  NcclContractBackend(c10::intrusive_ptr<compat::C10dBackend> gloo, int rank, int size, std::string communicator)
+      : Backend(rank, size),
+        gloo_(std::move(gloo)),
+        communicator_(std::move(communicator)),
+        kernels_(new_comm_stream(kCpu)),
+        internal_(new_comm_stream(kCpu)),
+        jitter_rng_(static_cast<uint32_t>(7919 * rank + 1)) {}
+
+  const std::string getBackendName() const override { return "nccl-contract"; }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
+    const at::Tensor t = single(tensors, "allreduce");
+    check_dtype(t, /*reduces=*/true);
+    return launch("allreduce", opts, [this, t, op = opts.reduceOp] { reduce_in_place(t, op); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override {
+    const at::Tensor t = single(tensors, "broadcast");
+    check_dtype(t, /*reduces=*/false);
+    return launch("broadcast", opts, [this, t, root = opts.rootRank] {
+      std::vector<at::Tensor> wire{as_wire(t)};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      o.timeout = kNoTimeout;
+      gloo_->broadcast(wire, o)->wait(kNoTimeout);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override {
+    check_dtype(input, /*reduces=*/false);
+    return launch("all_gather_single", opts, [this, output, input] {
+      std::vector<std::vector<at::Tensor>> outputs(1);
+      const at::Tensor chunks = as_wire(output).view({getSize(), -1});
+      for (int r = 0; r < getSize(); ++r) outputs[0].push_back(chunks[r]);
+      std::vector<at::Tensor> inputs{as_wire(input)};
+      c10d::AllgatherOptions o;
+      o.timeout = kNoTimeout;
+      gloo_->allgather(outputs, inputs, o)->wait(kNoTimeout);
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override {
+    check_dtype(input, /*reduces=*/true);
+    return launch("reduce_scatter_single", opts, [this, output, input, op = opts.reduceOp] {
+      const at::Tensor whole = input.reshape({-1}).clone();
+      reduce_in_place(whole, op);
+      output.reshape({-1}).copy_(whole.narrow(0, getRank() * output.numel(), output.numel()));
+    });
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override {
+    check_dtype(input, /*reduces=*/false);
+    return launch("alltoall_base", opts, [this, output, input, output_splits, input_splits] {
+      at::Tensor out = as_wire(output), in = as_wire(input);
+      std::vector<int64_t> o_splits = output_splits, i_splits = input_splits;
+      c10d::AllToAllOptions o;
+      o.timeout = kNoTimeout;
+      gloo_->alltoall_base(out, in, o_splits, i_splits, o)->wait(kNoTimeout);
+    });
+  }
+
+ private:
+  static at::Tensor single(const std::vector<at::Tensor>& tensors, const char* collective) {
+    TORCH_CHECK(tensors.size() == 1, "nccl-contract ", collective, " takes one tensor, got ", tensors.size());
+    return tensors.front();
+  }
+
+  // NCCL reduces bfloat16 itself; Gloo does not, so the double sums it in float32.
+  void reduce_in_place(const at::Tensor& t, const c10d::ReduceOp& op) {
+    const bool wide = !gloo_can_reduce(t.scalar_type());
+    at::Tensor on_wire = wide ? t.to(at::kFloat) : t;
+    std::vector<at::Tensor> tensors{on_wire};
+    c10d::AllreduceOptions o;
+    o.reduceOp = op;
+    o.timeout = kNoTimeout;
+    gloo_->allreduce(tensors, o)->wait(kNoTimeout);
+    if (wide) t.copy_(on_wire);
+  }
+
+  template <typename Options>
+  c10::intrusive_ptr<c10d::Work> launch(const char* collective, const Options& opts, std::function<void()> exchange) {
+    const int64_t jitter = g_jitter_us.load();
+    if (jitter > 0)
+      std::this_thread::sleep_for(
+          std::chrono::microseconds(std::uniform_int_distribution<int64_t>(0, jitter)(jitter_rng_)));
+    {
+      std::lock_guard<std::mutex> lock(g_launches_mutex);
+      g_launches.push_back({communicator_, collective, seq_++});
+    }
+    const bool on_current = compat::asks_current_stream(opts);
+    const c10::Stream stream = on_current ? current_stream(kCpu) : internal_;
+    // The exchange starts once what `stream` queued before the launch has run.
+    auto inputs_ready = std::make_shared<StreamEvent>(c10::DeviceType::CPU);
+    inputs_ready->record(stream);
+    auto end = std::make_shared<StreamEvent>(c10::DeviceType::CPU);
+    {
+      StreamGuard on_kernels(kernels_);
+      run_on_current_stream(kCpu, [inputs_ready, exchange = std::move(exchange), what = describe(collective)] {
+        inputs_ready->synchronize();
+        try {
+          exchange();
+        } catch (const std::exception& e) {
+          // Its outputs stay unwritten: what reads them next fails its test, as NCCL's watchdog
+          // would fail the job (a peer that exited closes the Gloo connections of one still
+          // waiting, which must not kill it).
+          std::fprintf(stderr, "nccl-contract: %s failed: %s\n", what.c_str(), e.what());
+        }
+      });
+      end->record(kernels_);
+    }
+    end->block(stream);
+    if (on_current) return {};
+    return c10::make_intrusive<ContractWork>(end);
+  }
+
+  std::string describe(const char* collective) const {
+    return std::string(collective) + " #" + std::to_string(seq_ - 1) + " of communicator " + communicator_ +
+           " (rank " + std::to_string(getRank()) + ")";
+  }
+
+  c10::intrusive_ptr<compat::C10dBackend> gloo_;
+  std::string communicator_;
+  c10::Stream kernels_;   // the communicator's kernels, in launch order
+  c10::Stream internal_;  // NCCL's own stream, for a launch not on the current one
+  std::mt19937 jitter_rng_;
+  int64_t seq_ = 0;
+};
+
+}  // namespace
+
+c10::intrusive_ptr<compat::C10dBackend> make_nccl_contract_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                                   int rank, int size, std::string communicator,
+                                                                   const compat::GlooDevice& device) {
+  auto gloo = compat::make_gloo_backend(store, rank, size, kNoTimeout, device);
+  return c10::make_intrusive<NcclContractBackend>(std::move(gloo), rank, size, std::move(communicator));
+}
+
+std::vector<ContractLaunch> nccl_contract_launches() {
+  std::lock_guard<std::mutex> lock(g_launches_mutex);
+  return g_launches;
+}
+
+void clear_nccl_contract_launches() {
+  std::lock_guard<std::mutex> lock(g_launches_mutex);
+  g_launches.clear();
+}
+
+void set_nccl_contract_launch_jitter(std::chrono::microseconds jitter) { g_jitter_us = jitter.count(); }
+
+}  // namespace fsdpp::detail
