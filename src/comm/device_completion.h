@@ -33,6 +33,9 @@ class DeviceCompletion {
   bool query();
   // The host waits for the end, up to `timeout` (forever when zero); false on timeout.
   bool synchronize(std::chrono::milliseconds timeout);
+  // A collective that timed out may never end (its group is broken): its tensors are leaked, not
+  // freed under it, and nothing waits for it any more.
+  void abandon();
 
  private:
   std::mutex mutex_;

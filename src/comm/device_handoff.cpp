@@ -83,10 +83,12 @@ void DeviceHandoff::queued() const {
   if (!completion_ || *recorded_) return;
   completion_->record(*stream_);
   *recorded_ = true;
-  if (blocking_wait_ && !completion_->synchronize(timeout_))
+  if (blocking_wait_ && !completion_->synchronize(timeout_)) {
+    completion_->abandon();
     // Not an fsdpp::Error: the submission reports who is missing, as for a host wait's timeout.
     throw std::runtime_error("timed out after " + std::to_string(timeout_.count()) +
                              " ms waiting on the device for its end (TORCH_NCCL_BLOCKING_WAIT=1)");
+  }
 }
 
 }  // namespace fsdpp::detail

@@ -9,6 +9,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include <ATen/ATen.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 namespace fsdpp::detail {
@@ -141,6 +142,11 @@ void run_on_current_stream(c10::Device device, std::function<void()> work) {
     queue->enqueue(std::move(work));
   else
     work();
+}
+
+at::Tensor kernel_argument(const at::Tensor& t) {
+  if (!t.defined() || !t.is_cpu() || t.data_ptr() == nullptr || runs_on_caller(current_stream(t.device()))) return t;
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
 }
 
 void release_after_stream(at::DataPtr ptr, const c10::Stream& stream) {

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/Event.h>
@@ -54,6 +55,13 @@ class StreamGuard {
 // already; on the CPU compute stream it runs now. For the steps of a collective that read what
 // the collective wrote (AVG's division, a widened reduction's copy back, a gather's placement).
 void run_on_current_stream(c10::Device device, std::function<void()> work);
+
+// What work queued on a CPU host queue holds of `t`, as a kernel's arguments hold an address: the
+// same memory through a storage of its own, so that a release of `t`'s storage on the host
+// (storage_memory's, which empties the storage at once) does not take the memory from under
+// work already queued; the memory itself lives as long as release_after_stream keeps it. `t`
+// itself elsewhere (an accelerator's kernels take their addresses at launch).
+at::Tensor kernel_argument(const at::Tensor& t);
 
 // The block behind `ptr` is not reused until what `stream` has queued so far has run: recorded
 // with the caching allocator on an accelerator (recordStream), held by the host queue on the CPU;

@@ -54,7 +54,8 @@ void wait(const ProcessGroupImpl& g, const c10::intrusive_ptr<c10d::Work>& work)
     work->wait(g.timeout);
 }
 
-// `work` on the collective's stream after the exchange (or before it).
+// `work` on the collective's stream after the exchange (or before it); what it captures of a
+// caller's tensor is a kernel_argument.
 void on_stream(const at::Tensor& t, std::function<void()> work) { run_on_current_stream(t.device(), std::move(work)); }
 
 at::Tensor empty_flat(int64_t numel, const at::Tensor& like, at::ScalarType dtype) {
@@ -66,7 +67,7 @@ at::Tensor empty_flat(int64_t numel, const at::Tensor& like, at::ScalarType dtyp
 void run_device_all_reduce(const ProcessGroupImpl& g, const at::Tensor& tensor, ReduceOp op) {
   const at::ScalarType dtype = reduced_in(g, tensor.scalar_type());
   if (dtype != tensor.scalar_type()) {
-    const at::Tensor wide = empty_flat(tensor.numel(), tensor, dtype), flat = tensor.reshape({-1});
+    const at::Tensor wide = empty_flat(tensor.numel(), tensor, dtype), flat = kernel_argument(tensor.reshape({-1}));
     on_stream(tensor, [wide, flat] { wide.copy_(flat); });
     run_device_all_reduce(g, wide, op);
     on_stream(tensor, [wide, flat] { flat.copy_(wide); });
@@ -76,7 +77,7 @@ void run_device_all_reduce(const ProcessGroupImpl& g, const at::Tensor& tensor, 
   auto options = options_for<c10d::AllreduceOptions>(g);
   options.reduceOp = to_c10d(op);
   wait(g, device_backend(g, tensor).allreduce(tensors, options));
-  if (op == ReduceOp::AVG) on_stream(tensor, [tensor, n = g.size()] { tensor.div_(n); });
+  if (op == ReduceOp::AVG) on_stream(tensor, [t = kernel_argument(tensor), n = g.size()] { t.div_(n); });
 }
 
 void run_device_broadcast(const ProcessGroupImpl& g, const at::Tensor& tensor, int root_group_rank) {
@@ -96,7 +97,7 @@ void run_device_all_gather_into_layout(const ProcessGroupImpl& g, const at::Tens
   const at::Tensor gathered = at::empty({output.numel()}, input.options());
   run_device_all_gather(g, gathered, input);
   // One strided copy per piece: rank v's run of it goes to output_offset + v * numel.
-  on_stream(output, [gathered, out = output.reshape({-1}), layout] {
+  on_stream(output, [gathered, out = kernel_argument(output.reshape({-1})), layout] {
     const at::Tensor by_rank = gathered.view({layout.ranks, layout.block_numel});
     for (const auto& piece : layout.pieces)
       out.narrow(0, piece.output_offset, layout.ranks * piece.numel)
@@ -110,28 +111,31 @@ void run_device_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& outp
   if (!over_nccl(g)) {
     // Gloo's own reduce-scatter of CUDA tensors is an all-reduce of the whole input anyway, and
     // in some releases drops the op (MIN and MAX summed) and the timeout: an all-reduce of a copy.
-    const at::Tensor whole = empty_flat(input.numel(), input, input.scalar_type()), in = input.reshape({-1});
+    const at::Tensor whole = empty_flat(input.numel(), input, input.scalar_type());
+    const at::Tensor in = kernel_argument(input.reshape({-1}));
     on_stream(input, [whole, in] { whole.copy_(in); });
     run_device_all_reduce(g, whole, op);
-    on_stream(output, [whole, out = output.reshape({-1}), rank = g.rank] {
+    on_stream(output, [whole, out = kernel_argument(output.reshape({-1})), rank = g.rank] {
       out.copy_(whole.narrow(0, rank * out.numel(), out.numel()));
     });
     return;
   }
   const at::ScalarType dtype = reduced_in(g, input.scalar_type());
   if (dtype != input.scalar_type()) {
-    const at::Tensor wide_in = empty_flat(input.numel(), input, dtype), in = input.reshape({-1});
-    const at::Tensor wide_out = empty_flat(output.numel(), output, dtype), out = output.reshape({-1});
+    const at::Tensor wide_in = empty_flat(input.numel(), input, dtype), in = kernel_argument(input.reshape({-1}));
+    const at::Tensor wide_out = empty_flat(output.numel(), output, dtype), out = kernel_argument(output.reshape({-1}));
     on_stream(input, [wide_in, in] { wide_in.copy_(in); });
     run_device_reduce_scatter(g, wide_out, wide_in, op);
-    on_stream(output, [wide_out, out] { out.copy_(wide_out); });
+    // Holds wide_in too: a temporary lives until its stream has passed the exchange reading it
+    // (on a device the caching allocator orders its reuse on that stream; a CPU's frees at once).
+    on_stream(output, [wide_in, wide_out, out] { out.copy_(wide_out); });
     return;
   }
   at::Tensor out = output.reshape({-1}), in = input.reshape({-1});
   auto options = options_for<c10d::ReduceScatterOptions>(g);
   options.reduceOp = to_c10d(op);
   wait(g, compat::reduce_scatter_single(device_backend(g, input), out, in, options));
-  if (op == ReduceOp::AVG) on_stream(output, [out, n = g.size()] { out.div_(n); });
+  if (op == ReduceOp::AVG) on_stream(output, [out = kernel_argument(out), n = g.size()] { out.div_(n); });
 }
 
 void run_device_all_to_all(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input,

@@ -41,8 +41,8 @@ void check_dtype(const at::Tensor& t, bool reduces) {
                    "Float8 dtypes are not currently supported for NCCL reductions");
 }
 
-// What Work a collective launched on a stream of the double's own returns: wait() orders the
-// caller's stream after the end, as NCCL's Work.
+// What a collective not launched on the caller's stream returns (NCCL's own stream: here the
+// communicator's queue): wait() orders the waiting stream after the end, as NCCL's Work.
 class ContractWork : public c10d::Work {
  public:
   explicit ContractWork(std::shared_ptr<StreamEvent> end) : end_(std::move(end)) {}
@@ -63,19 +63,18 @@ class NcclContractBackend : public c10d::Backend {
         gloo_(std::move(gloo)),
         communicator_(std::move(communicator)),
         kernels_(new_comm_stream(kCpu)),
-        internal_(new_comm_stream(kCpu)),
         jitter_rng_(static_cast<uint32_t>(7919 * rank + 1)) {}
 
   const std::string getBackendName() const override { return "nccl-contract"; }
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
-    const at::Tensor t = single(tensors, "allreduce");
+    const at::Tensor t = kernel_argument(single(tensors, "allreduce"));
     check_dtype(t, /*reduces=*/true);
     return launch("allreduce", opts, [this, t, op = opts.reduceOp] { reduce_in_place(t, op); });
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override {
-    const at::Tensor t = single(tensors, "broadcast");
+    const at::Tensor t = kernel_argument(single(tensors, "broadcast"));
     check_dtype(t, /*reduces=*/false);
     return launch("broadcast", opts, [this, t, root = opts.rootRank] {
       std::vector<at::Tensor> wire{as_wire(t)};
@@ -89,7 +88,7 @@ class NcclContractBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override {
     check_dtype(input, /*reduces=*/false);
-    return launch("all_gather_single", opts, [this, output, input] {
+    return launch("all_gather_single", opts, [this, output = kernel_argument(output), input = kernel_argument(input)] {
       std::vector<std::vector<at::Tensor>> outputs(1);
       const at::Tensor chunks = as_wire(output).view({getSize(), -1});
       for (int r = 0; r < getSize(); ++r) outputs[0].push_back(chunks[r]);
@@ -103,7 +102,8 @@ class NcclContractBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override {
     check_dtype(input, /*reduces=*/true);
-    return launch("reduce_scatter_single", opts, [this, output, input, op = opts.reduceOp] {
+    return launch("reduce_scatter_single", opts,
+                  [this, output = kernel_argument(output), input = kernel_argument(input), op = opts.reduceOp] {
       const at::Tensor whole = input.reshape({-1}).clone();
       reduce_in_place(whole, op);
       output.reshape({-1}).copy_(whole.narrow(0, getRank() * output.numel(), output.numel()));
@@ -114,7 +114,8 @@ class NcclContractBackend : public c10d::Backend {
                                                std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts) override {
     check_dtype(input, /*reduces=*/false);
-    return launch("alltoall_base", opts, [this, output, input, output_splits, input_splits] {
+    return launch("alltoall_base", opts, [this, output = kernel_argument(output), input = kernel_argument(input),
+                                          output_splits, input_splits] {
       at::Tensor out = as_wire(output), in = as_wire(input);
       std::vector<int64_t> o_splits = output_splits, i_splits = input_splits;
       c10d::AllToAllOptions o;
@@ -151,11 +152,10 @@ class NcclContractBackend : public c10d::Backend {
       std::lock_guard<std::mutex> lock(g_launches_mutex);
       g_launches.push_back({communicator_, collective, seq_++});
     }
-    const bool on_current = compat::asks_current_stream(opts);
-    const c10::Stream stream = on_current ? current_stream(kCpu) : internal_;
-    // The exchange starts once what `stream` queued before the launch has run.
+    // The exchange starts once what the caller's stream queued before the launch has run.
+    const c10::Stream caller = current_stream(kCpu);
     auto inputs_ready = std::make_shared<StreamEvent>(c10::DeviceType::CPU);
-    inputs_ready->record(stream);
+    inputs_ready->record(caller);
     auto end = std::make_shared<StreamEvent>(c10::DeviceType::CPU);
     {
       StreamGuard on_kernels(kernels_);
@@ -172,9 +172,9 @@ class NcclContractBackend : public c10d::Backend {
       });
       end->record(kernels_);
     }
-    end->block(stream);
-    if (on_current) return {};
-    return c10::make_intrusive<ContractWork>(end);
+    if (!compat::asks_current_stream(opts)) return c10::make_intrusive<ContractWork>(end);
+    end->block(caller);
+    return {};
   }
 
   std::string describe(const char* collective) const {
@@ -184,8 +184,7 @@ class NcclContractBackend : public c10d::Backend {
 
   c10::intrusive_ptr<compat::C10dBackend> gloo_;
   std::string communicator_;
-  c10::Stream kernels_;   // the communicator's kernels, in launch order
-  c10::Stream internal_;  // NCCL's own stream, for a launch not on the current one
+  c10::Stream kernels_;  // the communicator's kernels, in launch order
   std::mt19937 jitter_rng_;
   int64_t seq_ = 0;
 };

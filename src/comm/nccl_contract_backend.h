@@ -3,8 +3,8 @@
 // ProcessGroupNCCL does where fsdpp depends on it, on CPU tensors, so that CPU CI runs the device
 // path (comm/device_handoff.h) as a GPU would. Like NCCL it
 //  - launches a collective on the caller's current stream when the options ask it (asyncOp =
-//    false, 2.7+) and returns a null Work; otherwise on a stream of its own, returning a Work
-//    whose wait() orders the caller's stream after it;
+//    false, 2.7+) and returns a null Work; otherwise after that stream's work so far, returning a
+//    Work whose wait() orders the waiting stream after it (2.6's NCCL, on its own stream);
 //  - refuses what c10d's NCCL map lacks with its message (a c10::TypeError naming the dtype),
 //    and float8 reductions;
 //  - runs a communicator's collectives in launch order, each after what its stream queued before

@@ -147,7 +147,8 @@ void UnitGradientReduce::issue(const UnitFlatLayout& flat, bool all_reduce, cons
   // Added on the all-reduce stream once the reduce-scatter is done, and freed after that.
   if (partial.defined())
     add_partial = [output = output_, partial = std::move(partial)] {
-      run_on_current_stream(output.device(), [output, partial] { output.add_(partial); });
+      run_on_current_stream(output.device(),
+                            [output = kernel_argument(output), partial = kernel_argument(partial)] { output.add_(partial); });
       release_storage(partial);
     };
   all_reduce_work_ = all_reduce_after(reduce_scatter_work_, output_, ReduceOp::AVG, replicate_group_, std::move(add_partial));
