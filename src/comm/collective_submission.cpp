@@ -3,7 +3,9 @@
 // before the exchange, and turning a timeout into a report of who is missing.
 #include "comm/collective_submission.h"
 
+#include <cstdio>
 #include <exception>
+#include <mutex>
 #include <utility>
 
 #include <fsdpp/comm_debug_mode.h>
@@ -122,16 +124,24 @@ Work submit(const ProcessGroupImpl& g, CollectiveKind kind, CollectiveIntent int
   std::shared_ptr<WorkState> state;
   if (on_issue) {
     std::exception_ptr error;
-    if (check) {
-      auto checked = g.comm_thread->enqueue(description, [&g, seq, description, intent] {
-        reporting_hangs(g, seq, description, [&] { check_intent(g, intent); });
-      });
-      try {
-        checked->wait();
-      } catch (...) {
-        error = std::current_exception();
-      }
+    {
+      std::lock_guard<std::mutex> lock(g.check_failure_mutex);
+      error = g.check_failure;
     }
+    // The check runs on the comm thread (the group's Gloo backend is its), and the launch does not
+    // wait for it: a host wait for the peers would stall a launch NCCL makes asynchronous (a
+    // rank issuing its collectives as its buckets fill, say, before the others arrive).
+    if (check && !error)
+      g.comm_thread->enqueue(description, [&g, seq, description, intent] {
+        try {
+          reporting_hangs(g, seq, description, [&] { check_intent(g, intent); });
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "fsdpp: %s: %s\n", description.c_str(), e.what());
+          std::lock_guard<std::mutex> lock(g.check_failure_mutex);
+          if (!g.check_failure) g.check_failure = std::current_exception();
+          throw;
+        }
+      });
     if (!error) error = run_collective(description, launch);
     state = std::make_shared<WorkState>();
     state->description = description;

@@ -24,8 +24,9 @@ struct ProcessGroupImpl;
 // `run`. `what` describes its arguments in messages: "all_reduce(<what>) #3 on group world
 // (rank 0 of 2)". Waits for it unless `async_op`. A collective on the device path passes its
 // `handoff` (comm/device_handoff.h), which `run` runs within: under NCCL's contract on this
-// thread, now, in program order (the intent check still runs on the comm thread, which owns the
-// group's Gloo backend, and this thread waits for it).
+// thread, now, in program order. Its intent check then still runs on the comm thread (which owns
+// the group's Gloo backend) without the launch waiting for it; a disagreement is printed there
+// and thrown by the group's next collective.
 Work submit(const ProcessGroupImpl& g, CollectiveKind kind, CollectiveIntent intent, int64_t bytes_sent,
             const std::string& what, bool async_op, std::function<void()> run, Work after = Work(),
             DeviceHandoff handoff = DeviceHandoff());

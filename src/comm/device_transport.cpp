@@ -33,6 +33,14 @@ at::ScalarType reduced_in(const ProcessGroupImpl& g, at::ScalarType t) {
   return (over_nccl(g) ? nccl_can_reduce(t) : gloo_can_reduce(t)) ? t : widened(t);
 }
 
+// NCCL averages itself (ncclAvg: a half-precision average rounded once, as FSDP2 reduces on
+// NCCL); over Gloo AVG is a sum divided afterwards.
+bool divides_itself(const ProcessGroupImpl& g, ReduceOp op) { return over_nccl(g) && op == ReduceOp::AVG; }
+
+c10d::ReduceOp c10d_op(const ProcessGroupImpl& g, ReduceOp op) {
+  return divides_itself(g, op) ? c10d::ReduceOp(c10d::ReduceOp::AVG) : to_c10d(op);
+}
+
 // A collective's c10d options: the group's timeout, and under NCCL the current stream (the
 // collective's) rather than ProcessGroupNCCL's own.
 template <typename Options>
@@ -75,9 +83,9 @@ void run_device_all_reduce(const ProcessGroupImpl& g, const at::Tensor& tensor, 
   }
   std::vector<at::Tensor> tensors{tensor};
   auto options = options_for<c10d::AllreduceOptions>(g);
-  options.reduceOp = to_c10d(op);
+  options.reduceOp = c10d_op(g, op);
   wait(g, device_backend(g, tensor).allreduce(tensors, options));
-  if (op == ReduceOp::AVG) on_stream(tensor, [t = kernel_argument(tensor), n = g.size()] { t.div_(n); });
+  if (op == ReduceOp::AVG && !divides_itself(g, op)) on_stream(tensor, [t = kernel_argument(tensor), n = g.size()] { t.div_(n); });
 }
 
 void run_device_broadcast(const ProcessGroupImpl& g, const at::Tensor& tensor, int root_group_rank) {
@@ -133,9 +141,9 @@ void run_device_reduce_scatter(const ProcessGroupImpl& g, const at::Tensor& outp
   }
   at::Tensor out = output.reshape({-1}), in = input.reshape({-1});
   auto options = options_for<c10d::ReduceScatterOptions>(g);
-  options.reduceOp = to_c10d(op);
+  options.reduceOp = c10d_op(g, op);
   wait(g, compat::reduce_scatter_single(device_backend(g, input), out, in, options));
-  if (op == ReduceOp::AVG) on_stream(output, [out = kernel_argument(out), n = g.size()] { out.div_(n); });
+  if (op == ReduceOp::AVG && !divides_itself(g, op)) on_stream(output, [out = kernel_argument(out), n = g.size()] { out.div_(n); });
 }
 
 void run_device_all_to_all(const ProcessGroupImpl& g, const at::Tensor& output, const at::Tensor& input,

@@ -130,16 +130,19 @@ class NcclContractBackend : public c10d::Backend {
     return tensors.front();
   }
 
-  // NCCL reduces bfloat16 itself; Gloo does not, so the double sums it in float32.
+  // NCCL reduces half precision itself, rounding once; Gloo does not reduce bfloat16, so the
+  // double reduces both in float32. NCCL's AVG is Gloo's SUM divided (before that rounding).
   void reduce_in_place(const at::Tensor& t, const c10d::ReduceOp& op) {
-    const bool wide = !gloo_can_reduce(t.scalar_type());
-    at::Tensor on_wire = wide ? t.to(at::kFloat) : t;
+    const bool half = t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+    const bool average = op == c10d::ReduceOp::AVG;
+    at::Tensor on_wire = half ? t.to(at::kFloat) : t;
     std::vector<at::Tensor> tensors{on_wire};
     c10d::AllreduceOptions o;
-    o.reduceOp = op;
+    o.reduceOp = average ? c10d::ReduceOp(c10d::ReduceOp::SUM) : op;
     o.timeout = kNoTimeout;
     gloo_->allreduce(tensors, o)->wait(kNoTimeout);
-    if (wide) t.copy_(on_wire);
+    if (average) on_wire.div_(getSize());
+    if (half) t.copy_(on_wire);
   }
 
   template <typename Options>

@@ -3,6 +3,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -59,6 +60,10 @@ struct ProcessGroupImpl {
   // Set by the first collective of this group that fails: only that one asks the store who
   // was missing; the rest of a broken group's queue fails at once.
   mutable std::atomic<bool> failed{false};
+  // The failure of a cross-rank check that ran beside a collective launched on the issuing thread
+  // (NCCL's contract: the launch does not wait for it); the group's next collective throws it.
+  mutable std::mutex check_failure_mutex;
+  mutable std::exception_ptr check_failure;
   // Reusable bytes for collectives that need temporaries; only the comm thread touches it.
   mutable at::Tensor scratch_bytes;
   at::Tensor scratch(int64_t bytes) const {
