@@ -98,7 +98,7 @@ const char* to_string(ReduceOp op) {
 namespace {
 
 Work all_reduce_impl(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group, bool async_op, Work after,
-                     std::function<void()> prepare, bool counted = true) {
+                     std::function<void()> prepare, bool counted = true, detail::CommStream* stream = nullptr) {
   const auto& g = detail::member_group(group, "all_reduce");
   require_tensor(tensor, "all_reduce", "input");
   require_op_for(op, tensor.scalar_type(), "all_reduce");
@@ -116,7 +116,7 @@ Work all_reduce_impl(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& 
     detail::run_all_reduce(g, tensor, op);
   };
   return submit(g, detail::kAllReduce, intent, wire, shape_of(tensor) + ", " + to_string(op), async_op, std::move(run),
-                std::move(after), detail::DeviceHandoff::at_issue(g, detail::kAllReduce, {tensor}));
+                std::move(after), detail::DeviceHandoff::at_issue(g, detail::kAllReduce, {tensor}, stream));
 }
 
 }  // namespace
@@ -128,8 +128,8 @@ Work all_reduce(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group
 namespace detail {
 
 Work all_reduce_after(const Work& after, const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group,
-                      std::function<void()> prepare) {
-  return all_reduce_impl(tensor, op, group, /*async_op=*/true, after, std::move(prepare));
+                      std::function<void()> prepare, CommStream* stream) {
+  return all_reduce_impl(tensor, op, group, /*async_op=*/true, after, std::move(prepare), /*counted=*/true, stream);
 }
 
 void metadata_all_reduce(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& group) {
@@ -154,7 +154,8 @@ namespace {
 
 Work all_gather_into_tensor_impl(const at::Tensor& output, const at::Tensor& input, const ProcessGroup& group,
                                  bool async_op, std::function<void()> prepare = {},
-                                 std::shared_ptr<const detail::GatherLayout> layout = nullptr) {
+                                 std::shared_ptr<const detail::GatherLayout> layout = nullptr,
+                                 detail::CommStream* stream = nullptr) {
   const char* name = "all_gather_into_tensor";
   const auto& g = detail::member_group(group, name);
   require_tensor(output, name, "output");
@@ -171,7 +172,7 @@ Work all_gather_into_tensor_impl(const at::Tensor& output, const at::Tensor& inp
                     detail::run_all_gather_into_layout(g, output, input, *layout);
                   else
                     detail::run_all_gather(g, output, input);
-                }, Work(), detail::DeviceHandoff::at_issue(g, detail::kAllGather, {input, output}));
+                }, Work(), detail::DeviceHandoff::at_issue(g, detail::kAllGather, {input, output}, stream));
 }
 
 }  // namespace
@@ -184,15 +185,16 @@ Work all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input, c
 namespace detail {
 
 Work all_gather_into_tensor_prepared(const at::Tensor& output, const at::Tensor& input, const ProcessGroup& group,
-                                     std::function<void()> prepare) {
-  return all_gather_into_tensor_impl(output, input, group, /*async_op=*/true, std::move(prepare));
+                                     std::function<void()> prepare, CommStream* stream) {
+  return all_gather_into_tensor_impl(output, input, group, /*async_op=*/true, std::move(prepare), nullptr, stream);
 }
 
 Work all_gather_into_layout(const at::Tensor& output, const at::Tensor& input,
                             std::shared_ptr<const GatherLayout> layout, const ProcessGroup& group,
-                            std::function<void()> prepare) {
+                            std::function<void()> prepare, CommStream* stream) {
   if (!layout) throw Error("all_gather_into_layout: no layout (all_gather_into_tensor_prepared gathers rank-major)");
-  return all_gather_into_tensor_impl(output, input, group, /*async_op=*/true, std::move(prepare), std::move(layout));
+  return all_gather_into_tensor_impl(output, input, group, /*async_op=*/true, std::move(prepare), std::move(layout),
+                                     stream);
 }
 
 }  // namespace detail
@@ -200,7 +202,8 @@ Work all_gather_into_layout(const at::Tensor& output, const at::Tensor& input,
 namespace {
 
 Work reduce_scatter_tensor_impl(const at::Tensor& output, const at::Tensor& input, ReduceOp op,
-                                const ProcessGroup& group, bool async_op, std::function<void()> done) {
+                                const ProcessGroup& group, bool async_op, std::function<void()> done,
+                                detail::CommStream* stream = nullptr) {
   const char* name = "reduce_scatter_tensor";
   const auto& g = detail::member_group(group, name);
   require_tensor(output, name, "output");
@@ -216,7 +219,7 @@ Work reduce_scatter_tensor_impl(const at::Tensor& output, const at::Tensor& inpu
                 [&g, output, input, op, done = std::move(done)] {
                   detail::run_reduce_scatter(g, output, input, op);
                   if (done) done();
-                }, Work(), detail::DeviceHandoff::at_issue(g, detail::kReduceScatter, {input, output}));
+                }, Work(), detail::DeviceHandoff::at_issue(g, detail::kReduceScatter, {input, output}, stream));
 }
 
 }  // namespace
@@ -229,8 +232,8 @@ Work reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, Re
 namespace detail {
 
 Work reduce_scatter_tensor_then(const at::Tensor& output, const at::Tensor& input, ReduceOp op,
-                                const ProcessGroup& group, std::function<void()> done) {
-  return reduce_scatter_tensor_impl(output, input, op, group, /*async_op=*/true, std::move(done));
+                                const ProcessGroup& group, std::function<void()> done, CommStream* stream) {
+  return reduce_scatter_tensor_impl(output, input, op, group, /*async_op=*/true, std::move(done), stream);
 }
 
 }  // namespace detail

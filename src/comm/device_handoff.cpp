@@ -32,13 +32,6 @@ int stream_role(CollectiveKind kind) {
   }
 }
 
-// `g`'s stream for `kind` on `device`, made the first time: streams no other group shares.
-c10::Stream group_stream(const ProcessGroupImpl& g, CollectiveKind kind, c10::Device device) {
-  std::lock_guard<std::mutex> lock(g.device_streams_mutex);
-  std::optional<c10::Stream>& stream = g.device_streams[stream_role(kind)];
-  if (!stream || stream->device() != device) stream = new_comm_stream(device);
-  return *stream;
-}
 
 }  // namespace
 
@@ -49,11 +42,13 @@ bool takes_device_path(const ProcessGroupImpl& g, const at::Tensor& t) {
   return !t.is_cpu() || g.cpu_tensors_on_device_path;
 }
 
-DeviceHandoff DeviceHandoff::at_issue(const ProcessGroupImpl& g, CollectiveKind kind, std::vector<at::Tensor> tensors) {
+DeviceHandoff DeviceHandoff::at_issue(const ProcessGroupImpl& g, CollectiveKind kind, std::vector<at::Tensor> tensors,
+                                      CommStream* stream) {
   DeviceHandoff handoff;
   if (tensors.empty() || !takes_device_path(g, tensors.front())) return handoff;
   const c10::Device device = tensors.front().device();
-  handoff.stream_ = group_stream(g, kind, device);
+  // The caller's stream, else the group's for this kind: streams no other group shares.
+  handoff.stream_ = (stream ? *stream : g.device_streams[stream_role(kind)]).on(device);
   handoff.issued_ = std::make_shared<StreamEvent>(device.type());
   handoff.issued_->record(current_stream(device));
   handoff.completion_ = std::make_shared<DeviceCompletion>(handoff.stream_->device(), std::move(tensors));

@@ -40,9 +40,10 @@ class DeviceHandoff {
  public:
   DeviceHandoff() = default;  // a host collective: nothing to hand off
   // On the issuing thread: for a collective of `g` over `tensors` that takes the device path,
-  // marks the issuing stream, picks `g`'s stream for `kind` and holds the tensors; a host
-  // collective otherwise.
-  static DeviceHandoff at_issue(const ProcessGroupImpl& g, CollectiveKind kind, std::vector<at::Tensor> tensors);
+  // marks the issuing stream, takes `stream` (the caller's: FSDP's comm context), else `g`'s
+  // stream for `kind`, and holds the tensors; a host collective otherwise.
+  static DeviceHandoff at_issue(const ProcessGroupImpl& g, CollectiveKind kind, std::vector<at::Tensor> tensors,
+                                CommStream* stream = nullptr);
 
   bool on_device() const { return completion_ != nullptr; }
   // Launched from the issuing thread (NCCL's contract) rather than from the comm thread.

@@ -123,6 +123,13 @@ c10::Stream new_comm_stream(c10::Device device) {
   return impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true);
 }
 
+c10::Stream CommStream::on(c10::Device device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!stream_ || stream_->device_type() != device.type() || (device.has_index() && stream_->device() != device))
+    stream_ = new_comm_stream(device);
+  return *stream_;
+}
+
 StreamGuard::StreamGuard(const c10::Stream& stream) {
   if (stream.device_type() == c10::DeviceType::CPU) {
     previous_cpu_ = current_stream(kCpu);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 
 #include <ATen/core/Tensor.h>
@@ -35,6 +36,17 @@ bool runs_on_caller(const c10::Stream& stream);
 // accelerator (device index resolved to the current device when absent), a host queue of its own
 // on the CPU.
 c10::Stream new_comm_stream(c10::Device device);
+
+// A stream of one role (FSDP2's all-gather, reduce-scatter or all-reduce stream), made by
+// new_comm_stream on the device of its first use (again if a use is on another device).
+class CommStream {
+ public:
+  c10::Stream on(c10::Device device);
+
+ private:
+  std::mutex mutex_;
+  std::optional<c10::Stream> stream_;
+};
 
 // Makes `stream` its device's current stream on this thread (and, on an accelerator, its device
 // the current device) until destroyed.

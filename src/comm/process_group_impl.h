@@ -18,6 +18,7 @@
 #include <fsdpp/process_group.h>
 
 #include "comm/comm_thread.h"
+#include "comm/device_stream.h"
 #include "compat/c10d_backend.h"
 
 namespace fsdpp::detail {
@@ -71,10 +72,9 @@ struct ProcessGroupImpl {
     return scratch_bytes.narrow(0, 0, bytes);
   }
 
-  // The streams device collectives run on (comm/device_handoff.cpp: all-gathers,
-  // reduce-scatters, the rest), each made at its first one, chosen on the issuing thread.
-  mutable std::mutex device_streams_mutex;
-  mutable std::array<std::optional<c10::Stream>, 3> device_streams;
+  // The streams device collectives run on when their caller names none (comm/device_handoff.cpp:
+  // all-gathers, reduce-scatters, the rest), each made at its first one.
+  mutable std::array<CommStream, 3> device_streams;
 
   // The same-host transport (shm_transport.h), decided at the group's first exchange that can
   // use it; only the comm thread touches these. This and the scratch are declared before

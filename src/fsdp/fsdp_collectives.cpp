@@ -37,7 +37,7 @@ UnitAllGather::~UnitAllGather() {
 }
 
 void UnitAllGather::start(const at::Tensor& input, const ProcessGroup& group, std::shared_ptr<const GatherLayout> layout,
-                          const at::Tensor& target, std::function<void()> copy_in) {
+                          const at::Tensor& target, CommStream& stream, std::function<void()> copy_in) {
   const bool in_place = in_place_ && (any_layout_in_place_ || layout->blocks_per_member == 1);
   testing_delay(testing_delays().before_all_gather_ms);
   // Not in place: rank-major, placed at the wait. The unit computing meanwhile has resharded by
@@ -52,8 +52,8 @@ void UnitAllGather::start(const at::Tensor& input, const ProcessGroup& group, st
     if (copy_in) copy_in();
     allocate_storage(destination);
   };
-  work_ = in_place ? all_gather_into_layout(destination, input, layout_, group, allocate)
-                   : all_gather_into_tensor_prepared(destination, input, group, allocate);
+  work_ = in_place ? all_gather_into_layout(destination, input, layout_, group, allocate, &stream)
+                   : all_gather_into_tensor_prepared(destination, input, group, allocate, &stream);
   in_flight_ = true;
 }
 
@@ -115,11 +115,13 @@ void UnitGradientReduce::drop_packed() {
   input_ = at::Tensor();
 }
 
-void UnitGradientReduce::issue(const UnitFlatLayout& flat, bool all_reduce, const at::TensorOptions& grad_options) {
+void UnitGradientReduce::issue(const UnitFlatLayout& flat, bool all_reduce, const at::TensorOptions& grad_options,
+                               FSDPCommContext& streams) {
   output_ = at::empty({flat.shard_numel()}, input_.options());
   testing_delay(testing_delays().before_reduce_scatter_ms);
-  // The input is freed on the comm thread once the exchange is done with it, before the
-  // all-gathers queued behind it allocate their outputs.
+  // The input is freed once the exchange is done with it (on the comm thread before the
+  // all-gathers queued behind it allocate their outputs; on the device path after the
+  // reduce-scatter stream's work so far).
   std::function<void()> done = [input = input_] { release_storage(input); };
   at::Tensor host_output;
   std::shared_ptr<StreamEvent> host_copied;
@@ -132,14 +134,15 @@ void UnitGradientReduce::issue(const UnitFlatLayout& flat, bool all_reduce, cons
       copied->record(current_stream(output.device()));
     };
   }
-  reduce_scatter_work_ = reduce_scatter_tensor_then(output_, input_, ReduceOp::AVG, shard_group_, std::move(done));
+  reduce_scatter_work_ =
+      reduce_scatter_tensor_then(output_, input_, ReduceOp::AVG, shard_group_, std::move(done), &streams.reduce_scatter);
   host_output_ = std::move(host_output);
   host_copied_ = std::move(host_copied);
   if (!replicate_group_.defined() || !all_reduce) return;
-  // Issued here, in backward's order, which is the same on every rank; the replicate group's
-  // comm thread runs it once the reduce-scatter (issued just before, on the shard group's
-  // thread) has finished. A sum kept while all-reduce was off (FSDP2's partial reduce output)
-  // is added to the reduce-scatter output first.
+  // Issued here, in backward's order, which is the same on every rank; it runs once the
+  // reduce-scatter issued just before has finished (the replicate group's comm thread waits for
+  // it; on the device path the all-reduce stream does). A sum kept while all-reduce was off
+  // (FSDP2's partial reduce output) is added to the reduce-scatter output first.
   at::Tensor partial = std::exchange(partial_output_, at::Tensor());
   for (size_t i = 0; i < had_partial_grad_.size(); ++i) had_grad_[i] |= had_partial_grad_[i];
   had_partial_grad_.clear();
@@ -151,7 +154,8 @@ void UnitGradientReduce::issue(const UnitFlatLayout& flat, bool all_reduce, cons
                             [output = kernel_argument(output), partial = kernel_argument(partial)] { output.add_(partial); });
       release_storage(partial);
     };
-  all_reduce_work_ = all_reduce_after(reduce_scatter_work_, output_, ReduceOp::AVG, replicate_group_, std::move(add_partial));
+  all_reduce_work_ = all_reduce_after(reduce_scatter_work_, output_, ReduceOp::AVG, replicate_group_,
+                                      std::move(add_partial), &streams.all_reduce);
   all_reduce_issued_ = true;
 }
 

@@ -2,8 +2,8 @@
 // The collectives of one FSDP unit (FSDP2's _fsdp_collectives: foreach_all_gather with its
 // copy-out, foreach_reduce): issuing them over the unit's flat buffers (unit_flat_layout),
 // waiting for them, placing what arrived, and writing the gradient shards into `.grad`.
-// FSDPParamGroup decides when each runs. Which transport path a gather takes (and, on an
-// accelerator, which stream) is chosen here and nowhere else.
+// FSDPParamGroup decides when each runs and passes the streams they run on (its tree's
+// FSDPCommContext). Which transport path a gather takes is chosen here and nowhere else.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -16,6 +16,7 @@
 
 #include "comm/device_stream.h"
 #include "comm/gather_layout.h"
+#include "fsdp/fsdp_comm_context.h"
 #include "fsdp/fsdp_param.h"
 #include "fsdp/unit_flat_layout.h"
 
@@ -44,15 +45,16 @@ class UnitAllGather {
     any_layout_in_place_ = !device.is_cpu();
   }
   // Starts gathering `input` over `group` into `target` (layout.ranks blocks), whose memory is
-  // allocated on the comm thread when the exchange starts, so that a prefetch queued behind a
-  // reduce-scatter does not coexist with that reduce-scatter's input. In place (the path chosen,
+  // allocated when the exchange starts (on the comm thread over a host transport, so that a
+  // prefetch queued behind a reduce-scatter does not coexist with that reduce-scatter's input;
+  // at the launch on the device path under NCCL, as FSDP2 does). In place (the path chosen,
   // for a gather of one sharded flat per rank): each rank's chunks go straight to their places;
   // otherwise (a k-way post-forward shard: several flats per member) into a rank-major output
-  // placed by finish(). `copy_in`, if any, fills `input` on the comm thread first (on an
-  // accelerator: on the all-gather stream, FSDP2's copy-in), where CPU offload copies the
-  // shards from pinned host memory.
+  // placed by finish(). `copy_in`, if any, fills `input` first, within the gather's launch (on
+  // an accelerator: on the all-gather stream, FSDP2's copy-in), where CPU offload copies the
+  // shards from pinned host memory. On the device path the gather runs on `stream`.
   void start(const at::Tensor& input, const ProcessGroup& group, std::shared_ptr<const GatherLayout> layout,
-             const at::Tensor& target, std::function<void()> copy_in = {});
+             const at::Tensor& target, CommStream& stream, std::function<void()> copy_in = {});
   bool in_flight() const { return in_flight_; }
   // Waits and, with `keep`, places a rank-major output into the target. Without `keep`, or if
   // the gather failed (rethrown), frees the target's memory.
@@ -97,8 +99,11 @@ class UnitGradientReduce {
   // all-reduce of its output, to which a sum kept while all-reduce was off is added first.
   // Gradients that live on the host while an accelerator reduces them (CPU offload, `grad_options`)
   // are copied back on the reduce-scatter's stream right after it, into pinned memory, without
-  // blocking (FSDP2's post-reduce copy; not under HSDP, where finish() copies them).
-  void issue(const UnitFlatLayout& flat, bool all_reduce, const at::TensorOptions& grad_options);
+  // blocking (FSDP2's post-reduce copy; not under HSDP, where finish() copies them). On the
+  // device path the reduce-scatter runs on `streams.reduce_scatter`, the all-reduce on
+  // `streams.all_reduce`.
+  void issue(const UnitFlatLayout& flat, bool all_reduce, const at::TensorOptions& grad_options,
+             FSDPCommContext& streams);
   // Issued and not yet finished by finish().
   bool pending() const { return output_.defined(); }
   // Finished on the wire, so finish() will not block. Never under HSDP: there the end of

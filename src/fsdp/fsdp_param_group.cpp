@@ -212,7 +212,8 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
   finalize_backward();
   if (purpose != UnshardFor::kBackward) drop_post_forward_shard();
   if (post_forward_shard_.defined()) {
-    all_gather_.start(post_forward_shard_, post_forward_group_, post_forward_gather_layout_, unsharded_flat_);
+    all_gather_.start(post_forward_shard_, post_forward_group_, post_forward_gather_layout_, unsharded_flat_,
+                      comm_context_->all_gather);
     return;
   }
   // Optimizer steps write into the shards in place; a user's set_data is folded back here.
@@ -230,10 +231,12 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
   if (gathering_full_precision_) full_precision_flat_ = unallocated(flat_.unsharded_numel(), input_options);
   const at::Tensor& target = gathering_full_precision_ ? full_precision_flat_ : unsharded_flat_;
   if (sharded_flat_.is_cpu() && !compute_device_.is_cpu()) {
-    // CPU offload with an accelerator computing: the shards are copied to it on the comm thread,
-    // on the gather's stream (non-blocking from pinned memory), not on the compute stream.
+    // CPU offload with an accelerator computing: the shards are copied to it within the gather's
+    // launch, on the all-gather stream (non-blocking from pinned memory), not on the compute
+    // stream.
     const at::Tensor input = unallocated(sharded_flat_.numel(), input_options);
-    all_gather_.start(input, process_group_, gather_layout_, target, [input, shards = sharded_flat_] {
+    all_gather_.start(input, process_group_, gather_layout_, target, comm_context_->all_gather,
+                      [input, shards = sharded_flat_] {
       allocate_storage(input);
       // A cast in the same copy would be made on the host first (from unpinned memory).
       if (shards.scalar_type() == input.scalar_type())
@@ -243,7 +246,7 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
     });
     return;
   }
-  all_gather_.start(sharded_flat_.to(input_options), process_group_, gather_layout_, target);
+  all_gather_.start(sharded_flat_.to(input_options), process_group_, gather_layout_, target, comm_context_->all_gather);
 }
 
 void FSDPParamGroup::materialize(const std::function<void()>& init) {
@@ -420,7 +423,7 @@ bool FSDPParamGroup::post_backward(const std::function<void()>& after_release) {
     gradient_reduce_.drop_packed();
     throw;
   }
-  gradient_reduce_.issue(flat_, requires_all_reduce_, sharded_flat_.options());
+  gradient_reduce_.issue(flat_, requires_all_reduce_, sharded_flat_.options(), *comm_context_);
   return true;
 }
 

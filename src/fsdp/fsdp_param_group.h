@@ -110,6 +110,9 @@ class FSDPParamGroup {
   // all-reduce throws at the same point on every rank (thrown mid-backward on one rank only, it
   // could leave a peer waiting for a reduce-scatter this rank would no longer issue).
   bool reduce_scatter_done() const { return gradient_reduce_.done(); }
+  // The streams of its tree's collectives (the root's lazy init shares the root's).
+  const std::shared_ptr<FSDPCommContext>& comm_context() const { return comm_context_; }
+  void use_comm_context(std::shared_ptr<FSDPCommContext> context) { comm_context_ = std::move(context); }
 
   // Off: post_backward keeps the full gradients (summed over backwards) instead of
   // reduce-scattering them; the next post_backward with it on reduces the sum.
@@ -192,6 +195,8 @@ class FSDPParamGroup {
 
   UnitAllGather all_gather_;
   UnitGradientReduce gradient_reduce_;
+  // The streams its collectives run on: its own until the root's lazy init hands it the tree's.
+  std::shared_ptr<FSDPCommContext> comm_context_ = std::make_shared<FSDPCommContext>();
   bool requires_gradient_sync_ = true;
   bool requires_all_reduce_ = true;
   bool reshard_after_backward_ = true;

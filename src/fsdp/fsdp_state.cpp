@@ -137,6 +137,10 @@ void FSDPState::lazy_init_as_root(const std::vector<std::shared_ptr<FSDPState>>&
     s->context_ = context_;
     context_->states.push_back(s);
   }
+  // One set of streams for the tree, as FSDP2's root shares its FSDPCommContext: the root's.
+  std::shared_ptr<FSDPCommContext> streams = param_group_ ? param_group_->comm_context() : std::make_shared<FSDPCommContext>();
+  for (auto& w : context_->states)
+    if (auto s = w.lock(); s && s->param_group_) s->param_group_->use_comm_context(streams);
   // FSDP2's root moves the forward's inputs to its accelerator: the first unit's that has one.
   for (auto& w : context_->states)
     if (auto s = w.lock(); s && !s->compute_device_.is_cpu()) {

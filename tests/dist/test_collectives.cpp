@@ -11,6 +11,7 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 
+#include "dist/collective_values.h"
 #include "dist/world_sizes.h"
 #include "harness/error_of.h"
 #include "harness/multi_process.h"
@@ -19,33 +20,13 @@ namespace fsdpp {
 namespace {
 
 using testing::error_of;
+using testing::ops_for;
+using testing::rank_values;
+using testing::reduce_reference;
 using testing::RankContext;
 using testing::run_ranks;
 
 const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kLong};
-
-// Small integers, so every sum is exact even in bfloat16.
-at::Tensor rank_values(int rank, int64_t numel, at::ScalarType dtype) {
-  return (at::arange(numel, at::kLong) % 7 * (rank + 1) + rank).to(dtype);
-}
-
-at::Tensor reduce_reference(int world_size, int64_t numel, at::ScalarType dtype, ReduceOp op) {
-  std::vector<at::Tensor> all;
-  for (int r = 0; r < world_size; ++r) all.push_back(rank_values(r, numel, at::kDouble));
-  at::Tensor stacked = at::stack(all);
-  switch (op) {
-    case ReduceOp::SUM: return stacked.sum(0).to(dtype);
-    case ReduceOp::AVG: return (stacked.sum(0) / world_size).to(dtype);
-    case ReduceOp::MIN: return std::get<0>(stacked.min(0)).to(dtype);
-    case ReduceOp::MAX: return std::get<0>(stacked.max(0)).to(dtype);
-  }
-  return {};
-}
-
-std::vector<ReduceOp> ops_for(at::ScalarType dtype) {
-  if (at::isFloatingType(dtype)) return {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MIN, ReduceOp::MAX};
-  return {ReduceOp::SUM, ReduceOp::MIN, ReduceOp::MAX};
-}
 
 class Collectives : public testing::WorldSizeTest {};
 

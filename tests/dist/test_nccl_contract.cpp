@@ -24,6 +24,7 @@
 #include "comm/nccl_contract_backend.h"
 #include "comm/process_group_impl.h"
 #include "compat/c10d_tensor_collectives.h"
+#include "dist/collective_values.h"
 #include "dist/hsdp_fixtures.h"
 #include "harness/error_of.h"
 #include "harness/multi_process.h"
@@ -32,6 +33,9 @@ namespace fsdpp {
 namespace {
 
 using testing::error_of;
+using testing::ops_for;
+using testing::rank_values;
+using testing::reduce_reference;
 using testing::RankContext;
 using testing::run_ranks;
 using testing::RunOptions;
@@ -50,32 +54,9 @@ void delay_every_collective() { detail::set_device_collective_delay(std::chrono:
 const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kHalf,  at::kBFloat16, at::kChar,  at::kByte,
                                              at::kShort, at::kInt,    at::kLong,  at::kUInt16,   at::kUInt32};
 
-// Small integers, so every sum is exact in every dtype.
-at::Tensor rank_values(int rank, int64_t numel, at::ScalarType dtype) {
-  return (at::arange(numel, at::kLong) % 7 * (rank + 1) + rank).to(dtype);
-}
-
-at::Tensor reduced(int world_size, int64_t numel, ReduceOp op) {
-  std::vector<at::Tensor> all;
-  for (int r = 0; r < world_size; ++r) all.push_back(rank_values(r, numel, at::kDouble));
-  const at::Tensor stacked = at::stack(all);
-  switch (op) {
-    case ReduceOp::SUM: return stacked.sum(0);
-    case ReduceOp::AVG: return stacked.sum(0) / world_size;
-    case ReduceOp::MIN: return std::get<0>(stacked.min(0));
-    case ReduceOp::MAX: return std::get<0>(stacked.max(0));
-  }
-  return {};
-}
-
 // Compared in float64, which holds every value here exactly (and takes every dtype).
-bool same_values(const at::Tensor& actual, const at::Tensor& expected, at::ScalarType dtype) {
-  return at::equal(actual.to(at::kDouble), expected.to(dtype).to(at::kDouble));
-}
-
-std::vector<ReduceOp> ops_for(at::ScalarType dtype) {
-  if (at::isFloatingType(dtype)) return {ReduceOp::SUM, ReduceOp::AVG, ReduceOp::MIN, ReduceOp::MAX};
-  return {ReduceOp::SUM, ReduceOp::MIN, ReduceOp::MAX};
+bool same_values(const at::Tensor& actual, const at::Tensor& expected) {
+  return at::equal(actual.to(at::kDouble), expected.to(at::kDouble));
 }
 
 class NcclContract : public testing::WorldSizeTest {};
@@ -91,30 +72,30 @@ TEST_P(NcclContract, EveryCollectiveAndDtype) {
         for (auto op : ops_for(dtype)) {
           at::Tensor t = rank_values(r, numel, dtype);
           all_reduce(t, op);
-          EXPECT_TRUE(same_values(t, reduced(n, numel, op), dtype)) << "all_reduce " << to_string(op) << " " << where;
+          EXPECT_TRUE(same_values(t, reduce_reference(n, numel, dtype, op))) << "all_reduce " << to_string(op) << " " << where;
           at::Tensor async = rank_values(r, numel, dtype);
           all_reduce(async, op, {}, /*async_op=*/true).wait();
-          EXPECT_TRUE(same_values(async, reduced(n, numel, op), dtype)) << "async all_reduce " << where;
+          EXPECT_TRUE(same_values(async, reduce_reference(n, numel, dtype, op))) << "async all_reduce " << where;
           // Each rank's chunk of the reduction over n chunks of `numel`.
           at::Tensor input = rank_values(r, n * numel, dtype), output = at::zeros({numel}, input.options());
           reduce_scatter_tensor(output, input, op);
-          EXPECT_TRUE(same_values(output, reduced(n, n * numel, op).narrow(0, r * numel, numel), dtype))
+          EXPECT_TRUE(same_values(output, reduce_reference(n, n * numel, dtype, op).narrow(0, r * numel, numel)))
               << "reduce_scatter_tensor " << to_string(op) << " " << where;
         }
         at::Tensor b = r == n - 1 ? rank_values(r, numel, dtype) : at::zeros({numel}, dtype);
         broadcast(b, n - 1);
-        EXPECT_TRUE(same_values(b, rank_values(n - 1, numel, at::kDouble), dtype)) << "broadcast " << where;
+        EXPECT_TRUE(same_values(b, rank_values(n - 1, numel, dtype))) << "broadcast " << where;
         at::Tensor gathered = at::zeros({n * numel}, dtype);
         all_gather_into_tensor(gathered, rank_values(r, numel, dtype));
         for (int q = 0; q < n; ++q)
-          EXPECT_TRUE(same_values(gathered.narrow(0, q * numel, numel), rank_values(q, numel, at::kDouble), dtype))
+          EXPECT_TRUE(same_values(gathered.narrow(0, q * numel, numel), rank_values(q, numel, dtype)))
               << "all_gather_into_tensor block " << q << " " << where;
         // Rank q's block j goes to rank j as its block q.
         at::Tensor sent = (rank_values(r, n * numel, at::kLong) * 10 + r).to(dtype), received = at::zeros_like(sent);
         all_to_all_single(received, sent);
         for (int q = 0; q < n; ++q) {
           const at::Tensor from_q = (rank_values(q, n * numel, at::kLong) * 10 + q).narrow(0, r * numel, numel);
-          EXPECT_TRUE(same_values(received.narrow(0, q * numel, numel), from_q, dtype))
+          EXPECT_TRUE(same_values(received.narrow(0, q * numel, numel), from_q.to(dtype)))
               << "all_to_all_single from rank " << q << " " << where;
         }
         if (::testing::Test::HasFailure()) return;
