@@ -5,7 +5,8 @@
 // Work, hands NCCL a dtype it lacks, reads a collective's output without waiting for it, waits on
 // the host without a bound under TORCH_NCCL_BLOCKING_WAIT=1, or launches from threads racing each
 // other. What they cannot show: that a CUDA stream or allocator does what the CPU streams here
-// stand for (tests/gpu), or which GPU an allocation lands on (no CPU has two).
+// stand for (tests/gpu), or which GPU an allocation lands on (tests/unit/test_storage_memory.cpp
+// shows that on a stand-in accelerator of two devices).
 #include <gtest/gtest.h>
 
 #include <chrono>
