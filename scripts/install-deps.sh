@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs what fsdpp needs, on Debian 12 or 13; skips what is present.
 #   FSDPP_LIBTORCH=pypi (default; scripts/libtorch.sh): PyTorch's libtorch from PyPI
-#     (torch==2.15.*, CUDA-enabled, with safetensors) into a virtual environment outside the
+#     (torch==2.15.*, CUDA-enabled, with safetensors, and transformers for the Llama parity
+#     tests) into a virtual environment outside the
 #     repository; Debian's libgloo-dev for the Gloo headers PyTorch's libtorch lacks.
 #   FSDPP_LIBTORCH=debian: Debian's libtorch-dev and python3-torch (Debian 13: 2.6), with OpenBLAS
 #     in place of the reference libblas.so.3 libtorch would otherwise multiply with (15x slower).
@@ -10,6 +11,7 @@
 #   scripts/install-deps.sh [PACKAGE...]
 set -eu
 cd "$(dirname "$0")/.."
+FSDPP_TRANSFORMERS_SPEC=${FSDPP_TRANSFORMERS_SPEC:-transformers>=4.56,<6}
 . scripts/libtorch.sh
 packages="cmake g++ make ccache libgloo-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev
   libgmock-dev libxxhash-dev python3 iproute2 fortunes $*"
@@ -54,4 +56,7 @@ if [ "$FSDPP_LIBTORCH" = pypi ]; then
     "$FSDPP_PYTHON" -m pip install -q "$FSDPP_TORCH_SPEC" safetensors numpy
     echo "$FSDPP_TORCH_SPEC" >"$marker"
   fi
+  # transformers: the Llama parity tests' reference (tests/models/llama_reference.py).
+  "$FSDPP_PYTHON" -c 'import transformers' 2>/dev/null ||
+    "$FSDPP_PYTHON" -m pip install -q "$FSDPP_TRANSFORMERS_SPEC"
 fi

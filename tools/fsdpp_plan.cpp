@@ -4,6 +4,7 @@
 //   fsdpp-plan -n 4                      predicts   fsdpp-run --nproc-per-node 4 bench_fsdp
 //   fsdpp-plan --preset llama3-70b --seq 8192 --local-batch 1 --param-dtype bf16 --ac
 //       --sweep 8,64,512,4096,8192 --fit-gib 80   (one command)
+//   fsdpp-plan --hf-config Meta-Llama-3.1-8B/config.json -n 64 --param-dtype bf16   (a Hugging Face model's shape)
 // Its backward prefetch defaults to `bounded`, fully_shard's BACKWARD_PRE_WITHIN_BOUND.
 #include <algorithm>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <CLI/CLI.hpp>
 
 #include <fsdpp/error.h>
+#include <fsdpp/llama.h>
 #include <fsdpp/plan.h>
 
 namespace {
@@ -77,7 +79,7 @@ int main(int argc, char** argv) {
   CLI::App app{"fsdpp-plan: per-rank memory and bytes on the wire of an FSDP step, without running it"};
   ModelShape model;
   ParallelLayout layout;
-  std::string preset, arch = "example", attention, param_dtype = "fp32", reduce_dtype, optimizer = "adam",
+  std::string hf_config, preset, arch = "example", attention, param_dtype = "fp32", reduce_dtype, optimizer = "adam",
                       prefetch = "bounded", sweep;
   int64_t layers = 0, dim = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, seq = 0, batch = 0;
   int64_t world = 1, replicate = 1, tp = 1;
@@ -85,6 +87,9 @@ int main(int argc, char** argv) {
   double fit_gib = 0;
   app.add_option("--preset", preset, "llama3-8b or llama3-70b (shape only; flags below override)")
       ->check(CLI::IsMember({"llama3-8b", "llama3-70b"}));
+  app.add_option("--hf-config", hf_config,
+                 "a Hugging Face Llama config.json (shape only, sequences of min(8192, max_position_embeddings); flags below override)")
+      ->excludes("--preset");
   app.add_option("--arch", arch, "example (examples/transformer.h) or llama")->check(CLI::IsMember({"example", "llama"}));
   app.add_option("--layers", layers);
   app.add_option("--dim", dim);
@@ -115,7 +120,19 @@ int main(int argc, char** argv) {
   try {
     if (preset == "llama3-8b") model = ModelShape::llama(32, 4096, 32, 8, 14336, 128256).seq(8192).batch(1);
     if (preset == "llama3-70b") model = ModelShape::llama(80, 8192, 64, 8, 28672, 128256).seq(8192).batch(1);
-    if (preset.empty() && arch == "llama") model.architecture(fsdpp::plan::Architecture::kLlama).attention(fsdpp::plan::AttentionKernel::kFused);
+    if (!hf_config.empty()) {
+      const fsdpp::LlamaConfig c = fsdpp::LlamaConfig::from_file(hf_config);
+      if (c.attention_head_dim() * c.num_attention_heads != c.hidden_size)
+        throw fsdpp::Error(hf_config + ": head_dim " + std::to_string(c.attention_head_dim()) + " x " +
+                           std::to_string(c.num_attention_heads) + " heads is not hidden_size " + std::to_string(c.hidden_size) +
+                           "; the planner's Llama shape has head_dim = hidden_size / num_attention_heads");
+      model = ModelShape::llama(c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+                                c.intermediate_size, c.vocab_size)
+                  .tied_embeddings(c.tie_word_embeddings)
+                  .seq(std::min<int64_t>(8192, c.max_position_embeddings))
+                  .batch(1);
+    }
+    if (preset.empty() && hf_config.empty() && arch == "llama") model.architecture(fsdpp::plan::Architecture::kLlama).attention(fsdpp::plan::AttentionKernel::kFused);
     if (layers) model.layers(layers);
     if (dim) model.dim(dim);
     if (heads) model.heads(heads);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -209,5 +210,50 @@ void export_safetensors(const torch::nn::ModuleHolder<M>& model, const std::stri
 // decide; a rank whose ShardedTensor disagrees fails the export on every rank).
 void export_safetensors(const StateDict& sd, const std::string& file,
                         const std::map<std::string, std::string>& metadata = {});
+
+// Hugging Face model directories (what save_pretrained writes and from_pretrained reads):
+// config.json, and model.safetensors or model.safetensors.index.json naming several shard files
+// ("weight_map": tensor name -> file). Keys are the model's plain state-dict keys, so a model with
+// Hugging Face's parameter names (fsdpp::LlamaForCausalLM) maps without renaming.
+
+struct HuggingFaceLoadOptions {
+  // A floating tensor saved in another floating dtype is converted (a bf16 file into float32
+  // parameters); false: a dtype that differs is an error.
+  TORCH_ARG(bool, convert_dtype) = true;
+};
+struct HuggingFaceLoadReport {
+  int64_t bytes_read = 0;  // tensor bytes this rank read (headers not counted)
+  int64_t files = 0;       // safetensors files in the directory
+  int64_t tensors = 0;     // tensors loaded
+};
+// Loads `dir`'s tensors into `model` (plain, FSDP, HSDP, tensor-parallel or both; deferred
+// models after fsdpp::to_empty). Collective over the model's groups (every rank calls). Each rank
+// reads only the dim-0 rows of each tensor that it holds (its FSDP shard: about 1/N of the data),
+// from whichever files hold them. Refused, naming the key, file and shape, before the model
+// changes: a tensor the model has and the directory lacks (tied weights excepted: the directory
+// holds one of the names), a tensor the directory has and the model lacks, a shape that differs,
+// a shard file the index names that is absent, an index that names a tensor its file lacks.
+HuggingFaceLoadReport load_huggingface(torch::nn::Module& model, const std::string& dir,
+                                       const HuggingFaceLoadOptions& options = {});
+
+struct HuggingFaceExportOptions {
+  // Tensor bytes per shard file (save_pretrained's max_shard_size; its default "5GB"). A tensor
+  // larger than this gets a file of its own.
+  TORCH_ARG(int64_t, max_shard_size) = 5'000'000'000;
+  // Floating tensors are written in this dtype (unset: each in its own).
+  TORCH_ARG(std::optional<at::ScalarType>, dtype);
+  // Written to DIR/config.json when not empty (fsdpp::LlamaConfig::to_json()).
+  TORCH_ARG(std::string, config_json);
+};
+// Streams `model`'s full state dict into `dir` (made if absent) as export_safetensors does: rank
+// 0 writes while each sharded tensor is gathered to it one at a time, so its memory above its
+// state is one tensor, never a shard file or the model. One file model.safetensors, or, when the
+// tensors exceed max_shard_size, model-00001-of-0000N.safetensors ... and
+// model.safetensors.index.json (as save_pretrained). A tied weight is written once, under its
+// first key (model.embed_tokens.weight, not lm_head.weight). The files are written as
+// temporaries and renamed into place, then the index and config.json; older model*.safetensors
+// shards and index in `dir` that the new export does not name are removed after. Collective over
+// the default group; every rank throws the same fsdpp::Error on failure.
+void export_huggingface(torch::nn::Module& model, const std::string& dir, const HuggingFaceExportOptions& options = {});
 
 }  // namespace fsdpp::checkpoint

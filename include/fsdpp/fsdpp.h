@@ -13,6 +13,7 @@
 #include <fsdpp/fully_shard.h>
 #include <fsdpp/fully_shard_options.h>
 #include <fsdpp/join.h>
+#include <fsdpp/llama.h>
 #include <fsdpp/memory.h>
 #include <fsdpp/model_layout.h>
 #include <fsdpp/optimizer_state_dict.h>

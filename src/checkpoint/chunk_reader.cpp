@@ -57,6 +57,7 @@ at::Tensor ChunkReader::read(const std::string& key, const EntryInfo& entry, con
     at::Tensor piece = at::empty(span.sizes, at::TensorOptions().dtype(dtype));
     const int64_t bytes = piece.numel() * elem;
     f.pread_exact(piece.data_ptr(), bytes, begin, what);
+    bytes_read_ += bytes;
     if (verify_ && !c.xxh3_64.empty()) {
       const std::string got = xxh3_hex(piece.data_ptr(), static_cast<size_t>(bytes));
       if (got != c.xxh3_64)

@@ -19,12 +19,14 @@ class ChunkReader {
   // must; a plain safetensors file may be a link, as Hugging Face's cache makes them).
   ChunkReader(std::string dir, bool verify, bool confine) : dir_(std::move(dir)), verify_(verify), confine_(confine) {}
   at::Tensor read(const std::string& key, const EntryInfo& entry, const Box& region);
+  int64_t bytes_read() const { return bytes_read_; }  // tensor bytes, headers not counted
 
  private:
   const File& file(const std::string& name);
   std::string dir_;
   bool verify_, confine_;
   std::map<std::string, File> files_;
+  int64_t bytes_read_ = 0;
 };
 
 }  // namespace fsdpp::checkpoint::detail

@@ -1,9 +1,10 @@
-// Streamed full export: a model's full state dict to one standard safetensors file, written by
-// rank 0 while each sharded tensor is gathered to it one at a time (issue 14).
+// Streamed full export: a model's full state dict to standard safetensors files (one, or a
+// Hugging Face directory's shards), written by rank 0 while each sharded tensor is gathered to
+// it one at a time (issue 14).
 //
-// 1. Plan (rank 0): the file's header follows from rank 0's keys, dtypes and global shapes
-//    alone; rank 0 writes it to FILE.tmp-<pid> and sends the plan (per entry: whole or sharded,
-//    dtype, shape, the sharding group's ranks) to every rank.
+// 1. Plan (rank 0): the files and their headers follow from rank 0's keys, dtypes and global
+//    shapes alone; rank 0 sends the plan (per entry: whole or sharded, dtype, shape, the
+//    sharding group's ranks, its file) to every rank.
 // 2. Agree: each rank checks its own dict against the plan; every rank's error goes to every
 //    rank (the pattern of checkpoint::save), so all throw or none.
 // 3. Stream: per entry in order, rank 0 writes a whole tensor from its dict; a ShardedTensor
@@ -11,7 +12,8 @@
 //    0 receives (each other rank sends its rows once; ranks outside that group skip), written
 //    at its place and freed. A failed write stops the writing but not the gathering, so the
 //    other ranks never wait on rank 0.
-// 4. Commit: rank 0 fsyncs and renames the file into place (or removes it); its outcome goes
+//    Each file is written as FILE.tmp-<pid>, in plan order.
+// 4. Commit: rank 0 fsyncs and renames the files into place (or removes them); its outcome goes
 //    to every rank.
 #include <unistd.h>
 
@@ -37,6 +39,7 @@
 #include "checkpoint/file_io.h"
 #include "checkpoint/format.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/streamed_export.h"
 
 namespace fsdpp::checkpoint {
 
@@ -66,13 +69,14 @@ struct PlannedEntry {
   at::ScalarType dtype = at::kFloat;
   std::vector<int64_t> shape;
   std::vector<int> group;  // sharded: the global ranks of its group
+  int file = 0;            // index into the export's files
 };
 
 json plan_to_json(const std::vector<PlannedEntry>& plan) {
   json out = json::array();
   for (const auto& e : plan)
     out.push_back({{"key", e.key}, {"sharded", e.sharded}, {"dtype", static_cast<int>(e.dtype)},
-                   {"shape", e.shape}, {"group", e.group}});
+                   {"shape", e.shape}, {"group", e.group}, {"file", e.file}});
   return out;
 }
 
@@ -85,18 +89,25 @@ std::vector<PlannedEntry> plan_from_json(const json& j) {
     p.dtype = static_cast<at::ScalarType>(e.at("dtype").get<int>());
     p.shape = e.at("shape").get<std::vector<int64_t>>();
     p.group = e.at("group").get<std::vector<int>>();
+    p.file = e.at("file").get<int>();
     plan.push_back(std::move(p));
   }
   return plan;
 }
 
-std::vector<PlannedEntry> make_plan(const StateDict& sd) {
+// The dtype an entry is written in: `cast` for floating tensors, else its own.
+at::ScalarType written_dtype(at::ScalarType own, const std::optional<at::ScalarType>& cast) {
+  return cast && at::isFloatingType(own) ? *cast : own;
+}
+
+std::vector<PlannedEntry> make_plan(const StateDict& sd, const ExportTarget& target) {
   std::vector<PlannedEntry> plan;
   for (const auto& [key, value] : sd) {
+    if (target.skip.count(key)) continue;
     PlannedEntry p;
     p.key = key;
     p.sharded = value.is_sharded();
-    p.dtype = value.dtype();
+    p.dtype = written_dtype(value.dtype(), target.dtype);
     p.shape = value.sizes();
     if (p.sharded) {
       p.group = ranks_of(value.sharded_tensor().process_group());
@@ -110,13 +121,14 @@ std::vector<PlannedEntry> make_plan(const StateDict& sd) {
 }
 
 // This rank's problems with its own dict against rank 0's plan ("" when none).
-std::string check_against_plan(const StateDict& sd, const std::vector<PlannedEntry>& plan, int rank) {
+std::string check_against_plan(const StateDict& sd, const std::vector<PlannedEntry>& plan, int rank,
+                               const std::optional<at::ScalarType>& cast) {
   for (const auto& p : plan) {
     if (!p.sharded || !contains(p.group, rank)) continue;
     const StateDictValue* v = sd.find(p.key);
     if (!v) return "its state dict has no '" + p.key + "', which rank 0 holds as a ShardedTensor";
     if (!v->is_sharded()) return "'" + p.key + "' is a whole tensor here but a ShardedTensor on rank 0";
-    if (v->dtype() != p.dtype || v->sizes() != p.shape)
+    if (written_dtype(v->dtype(), cast) != p.dtype || v->sizes() != p.shape)
       return "'" + p.key + "' is " + c10::toString(v->dtype()) + " " + shape_string(v->sizes()) + " here but " +
              c10::toString(p.dtype) + " " + shape_string(p.shape) + " on rank 0";
     if (ranks_of(v->sharded_tensor().process_group()) != p.group)
@@ -125,12 +137,35 @@ std::string check_against_plan(const StateDict& sd, const std::vector<PlannedEnt
   return "";
 }
 
-// Rank 0's part of the file: the open temporary file and the first write error, after which
-// nothing more is written (but every gather still runs, so no other rank waits on rank 0).
+// Rank 0's part of the export: the files (final names and temporaries), the open one, and the
+// first write error, after which nothing more is written (but every gather still runs, so no
+// other rank waits on rank 0).
 struct Writer {
-  std::string file, tmp;
+  std::vector<std::string> files, tmps, prefixes;  // prefixes: each file's header bytes
+  int current = -1;
   File out;
   std::string error;
+  std::optional<at::ScalarType> cast;
+
+  // Moves to file `i` (closing the one before), creating it with its header.
+  void enter(int i) {
+    if (i == current || !error.empty()) return;
+    try {
+      if (current >= 0) {
+        out.sync();
+        out = File();
+      }
+      current = i;
+      out = File::create(tmps[i]);
+      out.write_all(prefixes[i].data(), static_cast<int64_t>(prefixes[i].size()), "the safetensors header");
+    } catch (const std::exception& e) {
+      error = without_prefix(e.what());
+    }
+  }
+  void remove_all() {
+    out = File();
+    for (const auto& t : tmps) std::remove(t.c_str());
+  }
 
   void write(const void* data, int64_t bytes, const std::string& what) {
     if (!error.empty() || bytes == 0) return;
@@ -143,6 +178,7 @@ struct Writer {
   void write(const at::Tensor& t, const std::string& what) {
     if (!error.empty()) return;
     at::Tensor c = t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous();
+    if (cast && at::isFloatingType(c.scalar_type())) c = c.to(*cast);
     write(c.data_ptr(), static_cast<int64_t>(c.nbytes()), what);
   }
 };
@@ -232,33 +268,56 @@ void stream_sharded(const ShardedTensor& st, const PlannedEntry& p, int global_r
   writer->write(whole, what);
 }
 
-void export_state_dict(const StateDict& sd, const std::string& file, const std::map<std::string, std::string>& metadata) {
-  at::NoGradGuard no_grad;
-  const Comm comm = Comm::of({}, kApi);
-  const int rank = comm.rank;  // the default group's rank is the global rank
-  const std::string failed = std::string(kApi) + " to " + file + " failed: ";
+// Rank 0: which file each entry goes to, at most `max_bytes` of tensors per file (0: one file).
+int assign_files(std::vector<PlannedEntry>& plan, int64_t max_bytes) {
+  int file = 0;
+  int64_t in_file = 0;
+  for (auto& p : plan) {
+    const int64_t bytes = std::accumulate(p.shape.begin(), p.shape.end(), int64_t{1}, std::multiplies<>()) *
+                          static_cast<int64_t>(c10::elementSize(p.dtype));
+    if (max_bytes > 0 && in_file > 0 && in_file + bytes > max_bytes) {
+      ++file;
+      in_file = 0;
+    }
+    p.file = file;
+    in_file += bytes;
+  }
+  return file + 1;
+}
 
-  // 1. Plan and header (rank 0).
+}  // namespace
+
+void detail::export_files(const StateDict& sd, const ExportTarget& target) {
+  at::NoGradGuard no_grad;
+  const Comm comm = Comm::of({}, target.api.c_str());
+  const int rank = comm.rank;  // the default group's rank is the global rank
+  const std::string failed = target.api + " to " + target.where + " failed: ";
+
+  // 1. Plan and headers (rank 0).
   std::unique_ptr<Writer> writer;
   std::string plan_text;
   if (rank == 0) {
     try {
-      if (file.empty()) throw Error("the file name is empty");
-      const std::vector<PlannedEntry> plan = make_plan(sd);
-      std::vector<TensorSpec> specs;
-      for (const auto& p : plan) specs.push_back({p.key, dtype_name(p.dtype), p.shape});
-      std::map<std::string, std::string> meta = metadata;
+      if (target.where.empty()) throw Error("the file name is empty");
+      std::vector<PlannedEntry> plan = make_plan(sd, target);
+      const int n = assign_files(plan, target.max_file_bytes);
+      std::map<std::string, std::string> meta = target.metadata;
       meta.emplace("format", "pt");
-      const SafetensorsLayout layout = layout_safetensors(specs, meta);
       writer = std::make_unique<Writer>();
-      writer->file = file;
-      writer->tmp = file + ".tmp-" + std::to_string(::getpid());
-      writer->out = File::create(writer->tmp);
-      writer->write(layout.prefix.data(), static_cast<int64_t>(layout.prefix.size()), "the safetensors header");
+      writer->cast = target.dtype;
+      for (int i = 0; i < n; ++i) {
+        std::vector<TensorSpec> specs;
+        for (const auto& p : plan)
+          if (p.file == i) specs.push_back({p.key, dtype_name(p.dtype), p.shape});
+        writer->files.push_back(target.file_name(i, n));
+        writer->tmps.push_back(writer->files.back() + ".tmp-" + std::to_string(::getpid()));
+        writer->prefixes.push_back(layout_safetensors(specs, meta).prefix);
+      }
+      writer->enter(0);
       if (!writer->error.empty()) throw Error(writer->error);
       plan_text = json({{"plan", plan_to_json(plan)}}).dump();
     } catch (const std::exception& e) {
-      if (writer) std::remove(writer->tmp.c_str());
+      if (writer) writer->remove_all();
       writer.reset();
       plan_text = json({{"error", without_prefix(e.what())}}).dump();
     }
@@ -271,7 +330,7 @@ void export_state_dict(const StateDict& sd, const std::string& file, const std::
   // 2. Agree that every rank's dict fits the plan.
   std::string mine;
   try {
-    mine = check_against_plan(sd, plan, rank);
+    mine = check_against_plan(sd, plan, rank, target.dtype);
   } catch (const std::exception& e) {
     mine = without_prefix(e.what());
   }
@@ -280,12 +339,13 @@ void export_state_dict(const StateDict& sd, const std::string& file, const std::
   for (int r = 0; r < comm.size; ++r)
     if (!all[r].empty()) errors += (errors.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + all[r];
   if (!errors.empty()) {
-    if (writer) std::remove(writer->tmp.c_str());
+    if (writer) writer->remove_all();
     throw Error(failed + errors);
   }
 
-  // 3. Stream, one tensor at a time.
+  // 3. Stream, one tensor at a time, file after file.
   for (const auto& p : plan) {
+    if (writer) writer->enter(p.file);
     if (!p.sharded) {
       if (writer) writer->write(sd.at(p.key).tensor().detach(), "tensor '" + p.key + "'");
       continue;
@@ -301,47 +361,71 @@ void export_state_dict(const StateDict& sd, const std::string& file, const std::
       try {
         writer->out.sync();
         writer->out = File();  // closed
-        if (::rename(writer->tmp.c_str(), file.c_str()) != 0)
-          throw Error("cannot rename " + writer->tmp + " to " + file + ": " + std::strerror(errno));
-        const std::string parent = std::filesystem::path(file).parent_path().string();
+        for (size_t i = 0; i < writer->files.size(); ++i)
+          if (::rename(writer->tmps[i].c_str(), writer->files[i].c_str()) != 0)
+            throw Error("cannot rename " + writer->tmps[i] + " to " + writer->files[i] + ": " + std::strerror(errno));
+        const std::string parent = std::filesystem::path(writer->files[0]).parent_path().string();
         fsync_dir(parent.empty() ? "." : parent);
+        if (target.after_commit) {
+          ExportedFiles done;
+          done.files = writer->files;
+          for (const auto& p : plan) {
+            done.file_of[p.key] = std::filesystem::path(writer->files[p.file]).filename().string();
+            done.total_bytes += std::accumulate(p.shape.begin(), p.shape.end(), int64_t{1}, std::multiplies<>()) *
+                                static_cast<int64_t>(c10::elementSize(p.dtype));
+          }
+          target.after_commit(done);
+        }
       } catch (const std::exception& e) {
         writer->error = without_prefix(e.what());
       }
     }
     if (!writer->error.empty()) {
-      std::remove(writer->tmp.c_str());
-      outcome = failed + "rank 0: " + writer->error + " (a file already at " + file + ", if any, is untouched)";
+      writer->remove_all();
+      outcome = failed + "rank 0: " + writer->error;
+      if (target.max_file_bytes == 0) outcome += " (a file already at " + target.where + ", if any, is untouched)";
     }
   }
   comm.broadcast(outcome);
   if (!outcome.empty()) throw Error(outcome);
 }
 
+StateDict detail::shared_state_dict(torch::nn::Module& model, std::set<std::string>* aliases) {
+  StateDict sd;
+  at::NoGradGuard no_grad;
+  const ModelLayout layout(model);
+  std::set<const c10::TensorImpl*> seen;
+  for (const auto& e : layout.entries) {
+    if (aliases && !seen.insert(e.tensor.unsafeGetTensorImpl()).second) aliases->insert(e.key);
+    if (e.layout)
+      sd.insert(e.key, e.layout->to_sharded_tensor((e.sharded ? e.sharded->local_shard : e.tensor).detach(),
+                                                   /*copy=*/false));
+    else
+      sd.insert(e.key, e.tensor.detach());
+  }
+  return sd;
+}
+
+namespace {
+
+ExportTarget one_file(const std::string& file, const std::map<std::string, std::string>& metadata) {
+  ExportTarget t;
+  t.api = kApi;
+  t.where = file;
+  t.file_name = [file](int, int) { return file; };
+  t.metadata = metadata;
+  return t;
+}
+
 }  // namespace
 
 void export_safetensors(const StateDict& sd, const std::string& file, const std::map<std::string, std::string>& metadata) {
-  export_state_dict(sd, file, metadata);
+  export_files(sd, one_file(file, metadata));
 }
 
 void export_safetensors(torch::nn::Module& model, const std::string& file,
                         const std::map<std::string, std::string>& metadata) {
-  // The SHARDED state dict without copies: each sharded parameter's part (FSDP's shard, a TP
-  // part, or a 2-D block) as a ShardedTensor view, every other entry the module's own tensor
-  // (get_model_state_dict would copy them all).
-  StateDict sd;
-  {
-    at::NoGradGuard no_grad;
-    const ModelLayout layout(model);
-    for (const auto& e : layout.entries) {
-      if (e.layout)
-        sd.insert(e.key, e.layout->to_sharded_tensor((e.sharded ? e.sharded->local_shard : e.tensor).detach(),
-                                                     /*copy=*/false));
-      else
-        sd.insert(e.key, e.tensor.detach());
-    }
-  }
-  export_state_dict(sd, file, metadata);
+  export_files(shared_state_dict(model), one_file(file, metadata));
 }
 
 }  // namespace fsdpp::checkpoint

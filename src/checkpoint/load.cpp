@@ -10,6 +10,7 @@
 #include "checkpoint/chunk_reader.h"
 #include "checkpoint/format.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/state_loader.h"
 #include "checkpoint/tiling.h"
 #include "memory/allocator_caching.h"
 
@@ -29,15 +30,17 @@ std::string some_keys(const Metadata& m) {
   return s.empty() ? "none" : s;
 }
 
-std::string describe(const std::string& dtype, const std::vector<int64_t>& shape) {
+std::string dtype_and_shape(const std::string& dtype, const std::vector<int64_t>& shape) {
   return dtype + " " + shape_string(shape);
 }
 
-// Reads every entry of `state` from `m` (chunks relative to `dir`, inside it with `confine`)
-// and then assigns them; `in_place`: each tensor as soon as it is read.
-void load_from(State& state, const Metadata& m, const std::string& dir, const std::string& what, bool verify,
-               bool confine, bool in_place) {
-  ChunkReader reader(dir, verify, confine);
+}  // namespace
+
+// Reads every entry of `state` from `m` (chunks relative to `dir`) and then assigns them.
+int64_t detail::load_state_from(State& state, const Metadata& m, const std::string& dir, const std::string& what,
+                        const StateReadOptions& options) {
+  const bool in_place = options.in_place;
+  ChunkReader reader(dir, options.verify, options.confine);
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // destination, what was read
   auto keep = [&](const at::Tensor& dest, at::Tensor read) {
     if (!in_place) {
@@ -71,9 +74,11 @@ void load_from(State& state, const Metadata& m, const std::string& dir, const st
     } catch (const Error&) {
       dest_dtype = c10::toString(dtype);
     }
-    if (dest_dtype != info.dtype || dest.global_shape() != info.shape)
-      throw Error(what + ": tensor '" + key + "' is " + describe(info.dtype, info.shape) + " there but " +
-                  describe(dest_dtype, dest.global_shape()) + " in the state to load");
+    const bool converts = options.convert_dtype && dest_dtype != info.dtype && at::isFloatingType(dtype) &&
+                          at::isFloatingType(dtype_from_name(info.dtype, what + ": tensor '" + key + "'"));
+    if ((dest_dtype != info.dtype && !converts) || dest.global_shape() != info.shape)
+      throw Error(what + ": tensor '" + key + "' is " + dtype_and_shape(info.dtype, info.shape) + " there but " +
+                  dtype_and_shape(dest_dtype, dest.global_shape()) + " in the state to load");
     // The whole tensor, not just the rows this rank reads: a checkpoint whose chunks overlap or
     // leave a hole anywhere is corrupt (its rows cannot be trusted), and every rank says so.
     const std::string tiling = chunk_tiling_problem(info);
@@ -94,14 +99,17 @@ void load_from(State& state, const Metadata& m, const std::string& dir, const st
   at::NoGradGuard no_grad;
   for (auto& [dest, read] : copies) dest.copy_(read);
   for (auto& [key, value] : values) state[key] = std::move(value);
+  return reader.bytes_read();
 }
-
-}  // namespace
 
 void load(State& state, const std::string& dir, const LoadOptions& options) {
   fsdpp::detail::NoCachingScope no_caching;  // the read buffers' sizes do not recur in training
   const Metadata m = read_metadata(dir);
-  load_from(state, m, dir, "checkpoint " + dir, options.verify(), /*confine=*/true, options.in_place());
+  StateReadOptions read;
+  read.verify = options.verify();
+  read.confine = true;
+  read.in_place = options.in_place();
+  load_state_from(state, m, dir, "checkpoint " + dir, read);
 }
 
 void load_safetensors(State& state, const std::string& file) {
@@ -130,7 +138,7 @@ void load_safetensors(State& state, const std::string& file) {
   for (const auto& [key, dest] : state)
     if (!dest.is_tensor()) throw Error(file + ": entry '" + key + "' is a " + to_string(dest.kind()) +
                                        " but a safetensors file holds only tensors");
-  load_from(state, m, dir, file, /*verify=*/false, /*confine=*/false, /*in_place=*/false);
+  load_state_from(state, m, dir, file, StateReadOptions{});
 }
 
 std::map<std::string, at::Tensor> load_safetensors(const std::string& file) {
