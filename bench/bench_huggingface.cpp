@@ -1,7 +1,7 @@
 // A Hugging Face directory out of and into a deferred FSDP Llama (issue 48): the model of
 // --config built on the meta device, each decoder layer a unit, initialized per rank and
 // exported to --dir with export_huggingface (shards of --max-shard-mib); then a fresh deferred
-// model loaded from it with load_huggingface. Per rank: seconds, tensor bytes read, and the
+// model loaded from it with load_huggingface, all read before the model changes, and again in place. Per rank: seconds, tensor bytes read, and the
 // tensor memory peak above the rank's shards (fsdpp's counting allocator). Run under fsdpp-run;
 // rank 0 prints one line per phase with the maxima over ranks.
 #include <chrono>
@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
     auto model = fsdpp::fully_shard_llama(fsdpp::deferred_init([&] { return fsdpp::LlamaForCausalLM(config); }));
     fsdpp::materialize_module(*model, fsdpp::MaterializeOptions().param_init_fn(fsdpp::llama_init_fn(config)));
     for (const auto& p : model->parameters()) model_bytes += static_cast<double>(p.numel() * p.element_size());
-    world.barrier();
+    fsdpp::barrier(world);
     const int64_t base = fsdpp::memory_stats().current_bytes;
     fsdpp::reset_peak_memory_stats();
     const auto start = std::chrono::steady_clock::now();
@@ -59,20 +59,21 @@ int main(int argc, char** argv) {
       std::printf("N=%d export: %.2f s, peak above the rank's shards %.1f MiB (shards %.1f MiB per rank)\n",
                   world.size(), secs, mib(peak), mib(shards));
   }
-  {
+  for (const bool in_place : {false, true}) {
     auto model = fsdpp::fully_shard_llama(fsdpp::deferred_init([&] { return fsdpp::LlamaForCausalLM(config); }));
     fsdpp::to_empty(*model);
-    world.barrier();
+    fsdpp::barrier(world);
     const int64_t base = fsdpp::memory_stats().current_bytes;
     fsdpp::reset_peak_memory_stats();
     const auto start = std::chrono::steady_clock::now();
-    const auto report = fsdpp::checkpoint::load_huggingface(*model, dir);
+    const auto report =
+        fsdpp::checkpoint::load_huggingface(*model, dir, fsdpp::checkpoint::HuggingFaceLoadOptions().in_place(in_place));
     const double secs = max_over_ranks(seconds_since(start), world);
     const double peak = max_over_ranks(static_cast<double>(fsdpp::memory_stats().peak_bytes - base), world);
     const double read = max_over_ranks(static_cast<double>(report.bytes_read), world);
     if (world.rank() == 0)
-      std::printf("N=%d load: %.2f s, most bytes read by a rank %.1f MiB (%lld files), peak above the rank's shards %.1f MiB\n",
-                  world.size(), secs, mib(read), static_cast<long long>(report.files), mib(peak));
+      std::printf("N=%d load%s: %.2f s, most bytes read by a rank %.1f MiB (%lld files), peak above the rank's shards %.1f MiB\n",
+                  world.size(), in_place ? " in place" : "", secs, mib(read), static_cast<long long>(report.files), mib(peak));
   }
   return 0;
 }

@@ -19,6 +19,6 @@ for n in 1 2 4; do
   rm -rf "$work/hf"
   OPENBLAS_NUM_THREADS=1 "$build/tools/fsdpp-run" --nproc-per-node "$n" -- \
     "$build/bench/bench_huggingface" --config "$work/config.json" --dir "$work/hf" --max-shard-mib 256 \
-    | grep -E 'export:|load:'
+    | grep -E 'export:|load'
   echo "   (directory: $(du -sm "$work/hf" | cut -f1) MiB, $(ls "$work/hf" | wc -l) files)"
 done

@@ -220,6 +220,10 @@ struct HuggingFaceLoadOptions {
   // A floating tensor saved in another floating dtype is converted (a bf16 file into float32
   // parameters); false: a dtype that differs is an error.
   TORCH_ARG(bool, convert_dtype) = true;
+  // Each tensor is copied into the model as soon as it is read: the memory above the shards is
+  // one tensor's rows instead of all this rank reads, but an error part-way leaves the model
+  // partly loaded (as LoadOptions::in_place). Off: nothing changes until everything is read.
+  TORCH_ARG(bool, in_place) = false;
 };
 struct HuggingFaceLoadReport {
   int64_t bytes_read = 0;  // tensor bytes this rank read (headers not counted)

@@ -125,6 +125,7 @@ HuggingFaceLoadReport load_huggingface(torch::nn::Module& model, const std::stri
                   shape_string(info.shape) + "), which the model does not have");
   StateReadOptions read;
   read.convert_dtype = options.convert_dtype();
+  read.in_place = options.in_place();
   report.bytes_read = load_state_from(state, m, dir, dir, read);
   report.tensors = static_cast<int64_t>(state.size());
   return report;
