@@ -231,12 +231,14 @@ struct HuggingFaceLoadReport {
   int64_t tensors = 0;     // tensors loaded
 };
 // Loads `dir`'s tensors into `model` (plain, FSDP, HSDP, tensor-parallel or both; deferred
-// models after fsdpp::to_empty). Collective over the model's groups (every rank calls). Each rank
-// reads only the dim-0 rows of each tensor that it holds (its FSDP shard: about 1/N of the data),
-// from whichever files hold them. Refused, naming the key, file and shape, before the model
-// changes: a tensor the model has and the directory lacks (tied weights excepted: the directory
-// holds one of the names), a tensor the directory has and the model lacks, a shape that differs,
-// a shard file the index names that is absent, an index that names a tensor its file lacks.
+// models after fsdpp::to_empty). Every rank of the model calls; no communication but
+// ModelLayout's first look at a 2-D model, and each rank throws its own errors. Each rank reads
+// only the dim-0 rows of each tensor that it holds (its FSDP shard: about 1/N of the data; a
+// tensor-parallel column block: whole rows), from whichever files hold them. Refused, naming the
+// key, file and shape, before the model changes: a tensor the model has and the directory lacks
+// (a tied weight is read under either of its names), a tensor the directory has and the model
+// lacks (but *.rotary_emb.inv_freq, which transformers recomputes too), a shape that differs, a
+// shard file the index names that is absent, an index that names a tensor its file lacks.
 HuggingFaceLoadReport load_huggingface(torch::nn::Module& model, const std::string& dir,
                                        const HuggingFaceLoadOptions& options = {});
 
@@ -255,9 +257,10 @@ struct HuggingFaceExportOptions {
 // tensors exceed max_shard_size, model-00001-of-0000N.safetensors ... and
 // model.safetensors.index.json (as save_pretrained). A tied weight is written once, under its
 // first key (model.embed_tokens.weight, not lm_head.weight). The files are written as
-// temporaries and renamed into place, then the index and config.json; older model*.safetensors
-// shards and index in `dir` that the new export does not name are removed after. Collective over
-// the default group; every rank throws the same fsdpp::Error on failure.
+// temporaries; an earlier export's index and the model*.safetensors files the new ones do not
+// replace are then removed, the new files renamed into place, and the index and config.json
+// written (docs/api.md says what a failure leaves). Collective over the default group; every
+// rank throws the same fsdpp::Error on failure.
 void export_huggingface(torch::nn::Module& model, const std::string& dir, const HuggingFaceExportOptions& options = {});
 
 }  // namespace fsdpp::checkpoint

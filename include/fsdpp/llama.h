@@ -42,7 +42,8 @@ struct Llama3RopeScaling {
 
 // The fields of a Hugging Face LlamaConfig the model uses. from_json refuses what the model
 // cannot express (another model_type or hidden_act, a rope scaling type other than default and
-// llama3, heads that do not divide), naming the field and the file.
+// llama3, attention dropout, partial rotary, heads that do not divide), naming the field and the
+// file.
 struct LlamaConfig {
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
@@ -60,14 +61,17 @@ struct LlamaConfig {
   bool mlp_bias = false;
   double initializer_range = 0.02;
   std::string torch_dtype = "float32";  // config.json's "dtype" / "torch_dtype"
-  std::optional<int64_t> bos_token_id, eos_token_id;
+  std::optional<int64_t> bos_token_id, eos_token_id;  // when integers (a list of eos ids stays in source_json)
+  std::optional<int64_t> pad_token_id;  // the embedding's padding_idx: its row gets no gradient
+  std::string source_json;  // the config.json read, whose other fields to_json keeps
 
   int64_t attention_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
   // `what` names the source in errors (a file name).
   static LlamaConfig from_json(const std::string& json_text, const std::string& what = "config.json");
   static LlamaConfig from_file(const std::string& config_json_file);
   // A config.json transformers reads (LlamaForCausalLM, rope_theta and rope_scaling as
-  // transformers 4 writes them, which transformers 5 also reads). `dtype` overrides torch_dtype.
+  // transformers 4 writes them, which transformers 5 also reads): source_json's fields with the
+  // model's written over them. `dtype` overrides torch_dtype: pass the dtype exported in.
   std::string to_json(const std::string& dtype = "") const;
 };
 

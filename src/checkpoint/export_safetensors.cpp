@@ -177,8 +177,14 @@ struct Writer {
   }
   void write(const at::Tensor& t, const std::string& what) {
     if (!error.empty()) return;
-    at::Tensor c = t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous();
-    if (cast && at::isFloatingType(c.scalar_type())) c = c.to(*cast);
+    at::Tensor c;
+    try {  // the copies may run out of memory: an error like a failed write, on rank 0 alone
+      c = t.device().is_cpu() ? t.contiguous() : t.to(at::kCPU).contiguous();
+      if (cast && at::isFloatingType(c.scalar_type())) c = c.to(*cast);
+    } catch (const std::exception& e) {
+      error = "preparing " + what + ": " + without_prefix(e.what());
+      return;
+    }
     write(c.data_ptr(), static_cast<int64_t>(c.nbytes()), what);
   }
 };
@@ -268,13 +274,17 @@ void stream_sharded(const ShardedTensor& st, const PlannedEntry& p, int global_r
   writer->write(whole, what);
 }
 
+int64_t bytes_of(const PlannedEntry& p) {
+  return std::accumulate(p.shape.begin(), p.shape.end(), int64_t{1}, std::multiplies<>()) *
+         static_cast<int64_t>(c10::elementSize(p.dtype));
+}
+
 // Rank 0: which file each entry goes to, at most `max_bytes` of tensors per file (0: one file).
 int assign_files(std::vector<PlannedEntry>& plan, int64_t max_bytes) {
   int file = 0;
   int64_t in_file = 0;
   for (auto& p : plan) {
-    const int64_t bytes = std::accumulate(p.shape.begin(), p.shape.end(), int64_t{1}, std::multiplies<>()) *
-                          static_cast<int64_t>(c10::elementSize(p.dtype));
+    const int64_t bytes = bytes_of(p);
     if (max_bytes > 0 && in_file > 0 && in_file + bytes > max_bytes) {
       ++file;
       in_file = 0;
@@ -361,6 +371,7 @@ void detail::export_files(const StateDict& sd, const ExportTarget& target) {
       try {
         writer->out.sync();
         writer->out = File();  // closed
+        if (target.before_rename) target.before_rename(writer->files);
         for (size_t i = 0; i < writer->files.size(); ++i)
           if (::rename(writer->tmps[i].c_str(), writer->files[i].c_str()) != 0)
             throw Error("cannot rename " + writer->tmps[i] + " to " + writer->files[i] + ": " + std::strerror(errno));
@@ -371,8 +382,7 @@ void detail::export_files(const StateDict& sd, const ExportTarget& target) {
           done.files = writer->files;
           for (const auto& p : plan) {
             done.file_of[p.key] = std::filesystem::path(writer->files[p.file]).filename().string();
-            done.total_bytes += std::accumulate(p.shape.begin(), p.shape.end(), int64_t{1}, std::multiplies<>()) *
-                                static_cast<int64_t>(c10::elementSize(p.dtype));
+            done.total_bytes += bytes_of(p);
           }
           target.after_commit(done);
         }
@@ -390,13 +400,14 @@ void detail::export_files(const StateDict& sd, const ExportTarget& target) {
   if (!outcome.empty()) throw Error(outcome);
 }
 
-StateDict detail::shared_state_dict(torch::nn::Module& model, std::set<std::string>* aliases) {
+StateDict detail::shared_state_dict(torch::nn::Module& model, std::map<std::string, std::string>* aliases) {
   StateDict sd;
   at::NoGradGuard no_grad;
   const ModelLayout layout(model);
-  std::set<const c10::TensorImpl*> seen;
+  std::map<const c10::TensorImpl*, std::string> first_key;
   for (const auto& e : layout.entries) {
-    if (aliases && !seen.insert(e.tensor.unsafeGetTensorImpl()).second) aliases->insert(e.key);
+    const auto [first, added] = first_key.emplace(e.tensor.unsafeGetTensorImpl(), e.key);
+    if (aliases && !added) aliases->emplace(e.key, first->second);
     if (e.layout)
       sd.insert(e.key, e.layout->to_sharded_tensor((e.sharded ? e.sharded->local_shard : e.tensor).detach(),
                                                    /*copy=*/false));

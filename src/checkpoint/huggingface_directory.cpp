@@ -75,24 +75,26 @@ Metadata directory_metadata(const std::string& dir, int64_t& files) {
         auto it = file_of.find(key);
         if (it == file_of.end() || it->second != name) continue;  // the index decides where a key lives
       }
-      EntryInfo& e = m.entries[key];
-      e.kind = Entry::Kind::kTensor;
-      e.dtype = rec.dtype;
-      e.shape = rec.shape;
-      ChunkInfo c;
-      c.offsets.assign(rec.shape.size(), 0);
-      c.sizes = rec.shape;
-      c.file = name;
-      c.name = key;
-      c.begin = rec.begin;
-      c.end = rec.end;
-      e.chunks.push_back(std::move(c));
+      m.entries[key] = whole_tensor_entry(rec, key, name);
     }
   }
   for (const auto& [key, name] : file_of)
     if (!m.entries.count(key))
       throw Error(dir + "/" + kIndex + " says '" + key + "' is in " + name + ", which has no such tensor");
   return m;
+}
+
+// Buffers older checkpoints saved that transformers recomputes and ignores on load (Llama 2's
+// converted checkpoints hold model.layers.N.self_attn.rotary_emb.inv_freq).
+bool recomputed_buffer(const std::string& key) {
+  static const std::string inv_freq = "rotary_emb.inv_freq";
+  return key.size() >= inv_freq.size() && key.compare(key.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0;
+}
+
+// An earlier export's files: model.safetensors, model-NNNNN-of-NNNNN.safetensors, the index.
+bool export_file_name(const std::string& name) {
+  static const std::regex ours(R"(model(-[0-9]{5}-of-[0-9]{5})?\.safetensors|model\.safetensors\.index\.json)");
+  return std::regex_match(name, ours);
 }
 
 std::string where_is(const Metadata& m, const std::string& dir, const std::string& key) {
@@ -106,10 +108,13 @@ HuggingFaceLoadReport load_huggingface(torch::nn::Module& model, const std::stri
   fsdpp::detail::NoCachingScope no_caching;  // the read buffers' sizes do not recur in training
   HuggingFaceLoadReport report;
   const Metadata m = directory_metadata(dir, report.files);
-  std::set<std::string> aliases;
+  std::map<std::string, std::string> aliases;  // tied: a later key -> the first
   StateDict sd = shared_state_dict(model, &aliases);
   State state = to_state(sd);  // shares the model's tensors: loaded in place
-  for (const auto& key : aliases) state.erase(key);  // tied: loaded under its first key
+  // A tied weight is read once: under its first key, or under the later one if the files hold
+  // only that.
+  for (const auto& [alias, first] : aliases)
+    state.erase(!m.entries.count(first) && m.entries.count(alias) ? first : alias);
   for (const auto& [key, entry] : state) {
     auto found = m.entries.find(key);
     if (found == m.entries.end())
@@ -120,7 +125,7 @@ HuggingFaceLoadReport load_huggingface(torch::nn::Module& model, const std::stri
                   " in " + where_is(m, dir, key) + " but " + shape_string(entry.global_shape()) + " in the model");
   }
   for (const auto& [key, info] : m.entries)
-    if (!sd.find(key))
+    if (!sd.find(key) && !recomputed_buffer(key))
       throw Error("load_huggingface: " + where_is(m, dir, key) + " holds '" + key + "' (" + info.dtype + " " +
                   shape_string(info.shape) + "), which the model does not have");
   StateReadOptions read;
@@ -135,37 +140,50 @@ void export_huggingface(torch::nn::Module& model, const std::string& dir, const 
   if (options.max_shard_size() <= 0)
     throw Error("export_huggingface to " + dir + ": max_shard_size is " + std::to_string(options.max_shard_size()) +
                 "; it must be positive");
-  std::set<std::string> aliases;
+  if (options.dtype() && !at::isFloatingType(*options.dtype()))
+    throw Error("export_huggingface to " + dir + ": dtype " + c10::toString(*options.dtype()) +
+                " is not a floating dtype (floating tensors are converted to it)");
+  std::map<std::string, std::string> aliases;
   const StateDict sd = shared_state_dict(model, &aliases);
   ExportTarget target;
   target.api = "export_huggingface";
   target.where = dir;
   target.max_file_bytes = options.max_shard_size();
   target.dtype = options.dtype();
-  target.skip = aliases;
+  for (const auto& [alias, first] : aliases) target.skip.insert(alias);
   target.file_name = [dir](int i, int n) {
-    std::error_code ignored;
-    fs::create_directories(dir, ignored);  // a failure shows as the file's
+    std::error_code failed;
+    if (i == 0 && (fs::create_directories(dir, failed), failed))
+      throw Error("cannot create the folder " + dir + ": " + failed.message());
     if (n == 1) return dir + "/" + kSingle;
     char name[64];
     std::snprintf(name, sizeof name, "/model-%05d-of-%05d.safetensors", i + 1, n);
     return dir + name;
   };
   const std::string config = options.config_json();
-  target.after_commit = [dir, config](const ExportedFiles& done) {
-    std::set<std::string> written;
-    for (const auto& f : done.files) written.insert(fs::path(f).filename().string());
-    if (done.files.size() > 1) {
-      json index = {{"metadata", {{"total_size", done.total_bytes}}}, {"weight_map", done.file_of}};
-      write_file_atomically(dir, kIndex, index.dump(2) + "\n");
-      written.insert(kIndex);
-    }
-    if (!config.empty()) write_file_atomically(dir, "config.json", config);
-    // An earlier export's files that this one does not name would mislead a reader.
-    static const std::regex ours(R"(model(-[0-9]{5}-of-[0-9]{5})?\.safetensors|model\.safetensors\.index\.json)");
+  // Once the new files are complete, an earlier export's index and files that the new ones do
+  // not replace go first: a failure from here on leaves a directory that refuses to load (no
+  // index, or only the new model.safetensors), never old shards mixed with new ones.
+  target.before_rename = [dir](const std::vector<std::string>& files) {
+    std::set<std::string> kept;
+    for (const auto& f : files) kept.insert(fs::path(f).filename().string());
     for (const auto& entry : fs::directory_iterator(dir)) {
       const std::string name = entry.path().filename().string();
-      if (std::regex_match(name, ours) && !written.count(name)) fs::remove(entry.path());
+      if (export_file_name(name) && !kept.count(name)) fs::remove(entry.path());
+    }
+  };
+  target.after_commit = [dir, config](const ExportedFiles& done) {
+    try {
+      if (done.files.size() > 1) {
+        json index = {{"metadata", {{"total_size", done.total_bytes}}}, {"weight_map", done.file_of}};
+        write_file_atomically(dir, kIndex, index.dump(2) + "\n");
+      }
+      if (!config.empty()) write_file_atomically(dir, "config.json", config);
+    } catch (...) {
+      std::error_code ignored;
+      fs::remove(dir + "/" + kIndex + ".tmp", ignored);
+      fs::remove(dir + "/config.json.tmp", ignored);
+      throw;
     }
   };
   export_files(sd, target);

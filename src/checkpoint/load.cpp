@@ -102,6 +102,22 @@ int64_t detail::load_state_from(State& state, const Metadata& m, const std::stri
   return reader.bytes_read();
 }
 
+EntryInfo detail::whole_tensor_entry(const TensorRecord& rec, const std::string& key, const std::string& file) {
+  EntryInfo e;
+  e.kind = Entry::Kind::kTensor;
+  e.dtype = rec.dtype;
+  e.shape = rec.shape;
+  ChunkInfo c;
+  c.offsets.assign(rec.shape.size(), 0);
+  c.sizes = rec.shape;
+  c.file = file;
+  c.name = key;
+  c.begin = rec.begin;
+  c.end = rec.end;
+  e.chunks.push_back(std::move(c));
+  return e;
+}
+
 void load(State& state, const std::string& dir, const LoadOptions& options) {
   fsdpp::detail::NoCachingScope no_caching;  // the read buffers' sizes do not recur in training
   const Metadata m = read_metadata(dir);
@@ -121,20 +137,7 @@ void load_safetensors(State& state, const std::string& file) {
   const std::string name = std::filesystem::path(file).filename().string();
   std::string dir = std::filesystem::path(file).parent_path().string();
   if (dir.empty()) dir = ".";
-  for (const auto& [tname, rec] : header.tensors) {
-    EntryInfo& e = m.entries[tname];
-    e.kind = Entry::Kind::kTensor;
-    e.dtype = rec.dtype;
-    e.shape = rec.shape;
-    ChunkInfo c;
-    c.offsets.assign(rec.shape.size(), 0);
-    c.sizes = rec.shape;
-    c.file = name;
-    c.name = tname;
-    c.begin = rec.begin;
-    c.end = rec.end;
-    e.chunks.push_back(std::move(c));
-  }
+  for (const auto& [tname, rec] : header.tensors) m.entries[tname] = whole_tensor_entry(rec, tname, name);
   for (const auto& [key, dest] : state)
     if (!dest.is_tensor()) throw Error(file + ": entry '" + key + "' is a " + to_string(dest.kind()) +
                                        " but a safetensors file holds only tensors");

@@ -35,7 +35,10 @@ struct ExportTarget {
   std::optional<at::ScalarType> dtype;  // floating tensors are written in it
   std::set<std::string> skip;           // keys not written
   std::map<std::string, std::string> metadata;  // each file's __metadata__ ("format": "pt" added)
-  // Rank 0, after the files are in place; what it throws fails the export on every rank.
+  // Rank 0, once every file is written and synced, before they are renamed into place (the
+  // paths, in order); then after they are in place. What either throws fails the export on
+  // every rank.
+  std::function<void(const std::vector<std::string>&)> before_rename;
   std::function<void(const ExportedFiles&)> after_commit;
 };
 
@@ -44,7 +47,8 @@ void export_files(const StateDict& sd, const ExportTarget& target);
 
 // A live model's SHARDED state dict without copies (each sharded parameter's part as a
 // ShardedTensor view, every other entry the module's own tensor). `aliases`, when given,
-// receives the keys of tensors registered under an earlier key too (tied weights).
-StateDict shared_state_dict(torch::nn::Module& model, std::set<std::string>* aliases = nullptr);
+// receives each key of a tensor registered under an earlier key too (tied weights), mapped to
+// that earlier key.
+StateDict shared_state_dict(torch::nn::Module& model, std::map<std::string, std::string>* aliases = nullptr);
 
 }  // namespace fsdpp::checkpoint::detail

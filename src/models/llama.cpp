@@ -58,7 +58,9 @@ class LlamaLMHeadImpl : public torch::nn::Module {
 std::pair<at::Tensor, at::Tensor> llama_rotary_tables(const LlamaConfig& config, int64_t seq_len, at::Device device) {
   at::Tensor inv_freq = inverse_frequencies(config, device);
   at::Tensor positions = at::arange(seq_len, at::TensorOptions().dtype(at::kLong).device(device)).to(at::kFloat);
-  at::Tensor freqs = at::matmul(inv_freq.unsqueeze(1), positions.unsqueeze(0)).t();  // (seq, head_dim / 2)
+  // transformers' matmul of (head_dim / 2, 1) by (1, seq) is these products, computed in float32
+  // whatever autocast says.
+  at::Tensor freqs = positions.unsqueeze(1) * inv_freq.unsqueeze(0);  // (seq, head_dim / 2)
   at::Tensor emb = at::cat({freqs, freqs}, -1);
   return {emb.cos(), emb.sin()};
 }
@@ -132,7 +134,9 @@ at::Tensor LlamaDecoderLayerImpl::forward(at::Tensor x) {
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& config) {
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
+  auto embedding = torch::nn::EmbeddingOptions(config.vocab_size, config.hidden_size);
+  if (config.pad_token_id) embedding.padding_idx(*config.pad_token_id);
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(embedding));
   layers = register_module("layers", torch::nn::Sequential());
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(config));
   norm = register_module("norm", LlamaRMSNorm(config.hidden_size, config.rms_norm_eps));
@@ -176,6 +180,7 @@ ParamInitFn llama_init_fn(const LlamaConfig& config) {
     }
     if (auto* emb = dynamic_cast<torch::nn::EmbeddingImpl*>(&module)) {
       emb->weight.normal_(0, std);
+      if (emb->options.padding_idx()) emb->weight[*emb->options.padding_idx()].zero_();
       return true;
     }
     return false;

@@ -78,12 +78,19 @@ LlamaConfig LlamaConfig::from_json(const std::string& json_text, const std::stri
     throw Error(what + ": model_type is '" + model_type + "'; fsdpp's Llama reads \"llama\" configs only");
   std::string act = "silu";
   read_field(j, "hidden_act", act, what);
-  if (act != "silu") throw Error(what + ": hidden_act is '" + act + "'; fsdpp's Llama computes SwiGLU with silu only");
-  int64_t pretraining_tp = 1;
-  read_field(j, "pretraining_tp", pretraining_tp, what);
-  if (pretraining_tp != 1)
-    throw Error(what + ": pretraining_tp is " + std::to_string(pretraining_tp) + "; fsdpp's Llama computes pretraining_tp 1 only");
+  if (act != "silu" && act != "swish")
+    throw Error(what + ": hidden_act is '" + act + "'; fsdpp's Llama computes SwiGLU with silu (swish) only");
+  // pretraining_tp splits the same matmuls into slices in transformers 4: the same function.
+  double dropout = 0, partial_rotary = 1;
+  read_field(j, "attention_dropout", dropout, what);
+  if (dropout != 0)
+    throw Error(what + ": attention_dropout is " + j["attention_dropout"].dump() + "; fsdpp's Llama has no attention dropout");
+  read_field(j, "partial_rotary_factor", partial_rotary, what);
+  if (partial_rotary != 1)
+    throw Error(what + ": partial_rotary_factor is " + j["partial_rotary_factor"].dump() +
+                "; fsdpp's Llama rotates the whole head dimension only");
   LlamaConfig c;
+  c.source_json = json_text;
   read_field(j, "vocab_size", c.vocab_size, what);
   read_field(j, "hidden_size", c.hidden_size, what);
   read_field(j, "intermediate_size", c.intermediate_size, what);
@@ -103,6 +110,7 @@ LlamaConfig LlamaConfig::from_json(const std::string& json_text, const std::stri
   read_field(j, "dtype", c.torch_dtype, what);
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int64_t>();
   if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) c.eos_token_id = j["eos_token_id"].get<int64_t>();
+  if (j.contains("pad_token_id") && j["pad_token_id"].is_number_integer()) c.pad_token_id = j["pad_token_id"].get<int64_t>();
   read_rope(j, c, what);
   require_positive(c.vocab_size, "vocab_size", what);
   require_positive(c.hidden_size, "hidden_size", what);
@@ -116,6 +124,9 @@ LlamaConfig LlamaConfig::from_json(const std::string& json_text, const std::stri
   if (c.head_dim <= 0 && c.hidden_size % c.num_attention_heads != 0)
     throw Error(what + ": hidden_size (" + std::to_string(c.hidden_size) + ") is not a multiple of num_attention_heads (" +
                 std::to_string(c.num_attention_heads) + ") and no head_dim is given");
+  if (c.pad_token_id && (*c.pad_token_id < 0 || *c.pad_token_id >= c.vocab_size))
+    throw Error(what + ": pad_token_id " + std::to_string(*c.pad_token_id) + " is outside the vocabulary of " +
+                std::to_string(c.vocab_size));
   if (c.attention_head_dim() % 2 != 0)
     throw Error(what + ": the head dimension " + std::to_string(c.attention_head_dim()) + " is odd; rotary embeddings need an even one");
   return c;
@@ -130,7 +141,11 @@ LlamaConfig LlamaConfig::from_file(const std::string& config_json_file) {
 }
 
 std::string LlamaConfig::to_json(const std::string& dtype) const {
-  json j;
+  // The source's other fields (a list of eos ids, generation settings, ...) are kept; the
+  // model's own are written over them.
+  json j = source_json.empty() ? json::object() : json::parse(source_json);
+  j.erase("rope_parameters");  // rope_theta and rope_scaling below say it, as transformers 4 does
+  j.erase("dtype");
   j["architectures"] = {"LlamaForCausalLM"};
   j["model_type"] = "llama";
   j["hidden_act"] = "silu";
@@ -161,6 +176,7 @@ std::string LlamaConfig::to_json(const std::string& dtype) const {
   j["torch_dtype"] = dtype.empty() ? torch_dtype : dtype;
   if (bos_token_id) j["bos_token_id"] = *bos_token_id;
   if (eos_token_id) j["eos_token_id"] = *eos_token_id;
+  if (pad_token_id) j["pad_token_id"] = *pad_token_id;
   return j.dump(2) + "\n";
 }
 

@@ -113,22 +113,33 @@ std::pair<int64_t, int64_t> directory_bytes(const std::string& hf, int world_siz
   return {total, per_rank};
 }
 
-TEST(LlamaHuggingFace, LogitsEqualTransformersAtOneTwoAndFourRanks) {
-  std::string why;
-  if (transformers_missing(why)) GTEST_SKIP() << why;
-  const std::string ref = reference_dir();
-  const at::Tensor ids = tensor_in(ref + "/inputs.safetensors", "input_ids");
+// The tests against transformers: the reference directory, its input ids, and the untied case.
+class LlamaParity : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (transformers_missing(why)) GTEST_SKIP() << why;
+    ref = reference_dir();
+    ids = tensor_in(ref + "/inputs.safetensors", "input_ids");
+    hf = ref + "/untied/hf";
+    expected = tensor_in(ref + "/untied/logits.safetensors", "logits");
+  }
+  std::string ref, hf;  // hf: the untied case's directory
+  at::Tensor ids, expected;
+};
+
+TEST_F(LlamaParity, LogitsEqualTransformersAtOneTwoAndFourRanks) {
   for (const std::string which : {"untied", "tied", "llama3"}) {
-    const std::string hf = ref + "/" + which + "/hf";
-    const at::Tensor expected = tensor_in(ref + "/" + which + "/logits.safetensors", "logits");
-    ASSERT_GT(std::distance(fs::directory_iterator(hf), fs::directory_iterator()), 4) << "several shard files";
+    const std::string dir = ref + "/" + which + "/hf";
+    const at::Tensor reference = tensor_in(ref + "/" + which + "/logits.safetensors", "logits");
+    ASSERT_GT(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 4) << "several shard files";
     for (int world_size : {1, 2, 4}) {
-      const auto [total, bound] = directory_bytes(hf, world_size);
+      const auto [total, bound] = directory_bytes(dir, world_size);
       testing::run_ranks(world_size, [&](RankContext& ctx) {
         ckpt::HuggingFaceLoadReport report;
-        auto model = load_sharded(hf, &report);
+        auto model = load_sharded(dir, &report);
         const at::Tensor logits = model->forward(ids);
-        EXPECT_LT(max_diff(logits, expected), 1e-5) << which << " at " << world_size << " ranks, rank " << ctx.rank;
+        EXPECT_LT(max_diff(logits, reference), 1e-5) << which << " at " << world_size << " ranks, rank " << ctx.rank;
         // Each rank reads its rows only: about 1/N of the data, all ranks together all of it once.
         EXPECT_LE(report.bytes_read, bound) << which << " rank " << ctx.rank;
         at::Tensor sum = torch::tensor({report.bytes_read}, at::kLong);
@@ -141,13 +152,7 @@ TEST(LlamaHuggingFace, LogitsEqualTransformersAtOneTwoAndFourRanks) {
 }
 
 // HSDP 2 x 2: each replica's shard group reads the whole directory once, each rank half of it.
-TEST(LlamaHuggingFace, HSDPLoadsEachReplicaFromItsOwnRows) {
-  std::string why;
-  if (transformers_missing(why)) GTEST_SKIP() << why;
-  const std::string ref = reference_dir();
-  const std::string hf = ref + "/untied/hf";
-  const at::Tensor ids = tensor_in(ref + "/inputs.safetensors", "input_ids");
-  const at::Tensor expected = tensor_in(ref + "/untied/logits.safetensors", "logits");
+TEST_F(LlamaParity, HSDPLoadsEachReplicaFromItsOwnRows) {
   const auto [total, bound] = directory_bytes(hf, 2);
   testing::run_ranks(4, [&](RankContext& ctx) {
     const LlamaConfig config = LlamaConfig::from_file(hf + "/config.json");
@@ -163,11 +168,7 @@ TEST(LlamaHuggingFace, HSDPLoadsEachReplicaFromItsOwnRows) {
   });
 }
 
-TEST(LlamaHuggingFace, ExportOpensInTransformersWithTheSameLogits) {
-  std::string why;
-  if (transformers_missing(why)) GTEST_SKIP() << why;
-  const std::string ref = reference_dir();
-  const at::Tensor ids = tensor_in(ref + "/inputs.safetensors", "input_ids");
+TEST_F(LlamaParity, ExportOpensInTransformersWithTheSameLogits) {
   const std::string out = ref + "/exported";
   constexpr int64_t kMaxShard = 16000;
   testing::run_ranks(2, [&](RankContext& ctx) {
@@ -221,14 +222,11 @@ TEST(LlamaHuggingFace, ExportOpensInTransformersWithTheSameLogits) {
   EXPECT_LT(max_diff(tensor_in(out + "/bf16-logits.safetensors", "logits"), fsdpp_bf16), 1e-5);
 }
 
-TEST(LlamaHuggingFace, AdamWStepsOfFSDPMatchPyTorchs) {
-  std::string why;
-  if (transformers_missing(why)) GTEST_SKIP() << why;
-  const std::string ref = reference_dir();
+TEST_F(LlamaParity, AdamWStepsOfFSDPMatchPyTorchs) {
   const at::Tensor batches = tensor_in(ref + "/batches.safetensors", "batches");
   const auto trained = ckpt::load_safetensors(ref + "/untied/trained.safetensors");
   testing::run_ranks(2, [&](RankContext& ctx) {
-    auto model = load_sharded(ref + "/untied/hf");
+    auto model = load_sharded(hf);
     model->train();
     // llama_reference.py's AdamW.
     torch::optim::AdamW opt(model->parameters(),
@@ -256,13 +254,7 @@ TEST(LlamaHuggingFace, AdamWStepsOfFSDPMatchPyTorchs) {
   });
 }
 
-TEST(LlamaHuggingFace, TensorParallelLoadsItsColumnsAndMatches) {
-  std::string why;
-  if (transformers_missing(why)) GTEST_SKIP() << why;
-  const std::string ref = reference_dir();
-  const std::string hf = ref + "/untied/hf";
-  const at::Tensor ids = tensor_in(ref + "/inputs.safetensors", "input_ids");
-  const at::Tensor expected = tensor_in(ref + "/untied/logits.safetensors", "logits");
+TEST_F(LlamaParity, TensorParallelAndFSDPxTPLoadTheirPartsAndMatch) {
   testing::run_ranks(2, [&](RankContext& ctx) {
     const LlamaConfig config = LlamaConfig::from_file(hf + "/config.json");
     check_llama_tp(config, ctx.world_size);
@@ -274,6 +266,17 @@ TEST(LlamaHuggingFace, TensorParallelLoadsItsColumnsAndMatches) {
               config.num_attention_heads * config.attention_head_dim() / 2)
         << "q_proj holds this rank's heads";
     EXPECT_LT(max_diff(model->forward(ids), expected), 1e-5);
+  });
+  // FSDP x TP on a (dp 2, tp 2) mesh: the TP plan first, then each decoder layer a unit over dp.
+  testing::run_ranks(4, [&](RankContext& ctx) {
+    const LlamaConfig config = LlamaConfig::from_file(hf + "/config.json");
+    const DeviceMesh mesh = init_device_mesh(ctx.world, {2, 2}, {"dp", "tp"});
+    auto plain = deferred_init([&] { return LlamaForCausalLM(config); });
+    parallelize_module(*plain, mesh["tp"], llama_tp_plan(config));
+    auto model = fully_shard_llama(plain, FullyShardOptions().mesh(mesh["dp"]));
+    to_empty(*model);
+    ckpt::load_huggingface(*model, hf);
+    EXPECT_LT(max_diff(model->forward(ids), expected), 1e-5) << "rank " << ctx.rank;
   });
 }
 
@@ -360,6 +363,28 @@ TEST(LlamaHuggingFace, RefusesWhatDoesNotFitNamingKeyFileAndShape) {
   fs::remove_all(dir);
 }
 
+// A tied model's directory may hold the weight under lm_head.weight alone; Llama 2's converted
+// checkpoints hold rotary_emb.inv_freq buffers, which transformers recomputes and so does fsdpp.
+TEST(LlamaHuggingFace, LoadsTiedWeightsUnderEitherNameAndSkipsRecomputedBuffers) {
+  const std::string dir = (fs::temp_directory_path() / ("fsdpp-llama-tied-" + std::to_string(::getpid()))).string();
+  LlamaConfig config = tiny_config();
+  config.tie_word_embeddings = true;
+  auto model = deferred_init([&] { return LlamaForCausalLM(config); });
+  materialize_module(*model, MaterializeOptions().param_init_fn(llama_init_fn(config)));
+  fs::create_directories(dir);
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& item : model->named_parameters())
+    if (item.key() != "model.embed_tokens.weight") tensors.emplace(item.key(), item.value().detach());
+  tensors.emplace("model.layers.0.self_attn.rotary_emb.inv_freq", torch::ones({2}));
+  ckpt::save_safetensors(tensors, dir + "/model.safetensors");
+  auto loaded = deferred_init([&] { return LlamaForCausalLM(config); });
+  to_empty(*loaded);
+  EXPECT_EQ(ckpt::load_huggingface(*loaded, dir).tensors, static_cast<int64_t>(tensors.size()) - 1);
+  EXPECT_TRUE(at::equal(loaded->model->embed_tokens->weight, model->model->embed_tokens->weight));
+  EXPECT_TRUE(loaded->model->embed_tokens->weight.is_same(loaded->named_parameters()["lm_head.weight"]));
+  fs::remove_all(dir);
+}
+
 TEST(LlamaConfig, ReadsTransformers4And5ConfigsAndRefusesWhatItCannotExpress) {
   const LlamaConfig v5 = LlamaConfig::from_json(R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64,
       "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
@@ -390,6 +415,17 @@ TEST(LlamaConfig, ReadsTransformers4And5ConfigsAndRefusesWhatItCannotExpress) {
   EXPECT_TRUE(mentions(testing::error_of([] { LlamaConfig::from_json(R"({"hidden_act": "gelu"})"); }), "hidden_act is 'gelu'"));
   EXPECT_TRUE(mentions(testing::error_of([] { LlamaConfig::from_json(R"({"vocab_size": "many"})"); }), "'vocab_size' is \"many\", not a number"));
   EXPECT_TRUE(mentions(testing::error_of([] { check_llama_tp(tiny_config(), 4); }), "num_key_value_heads (2) does not divide by the TP degree 4"));
+  EXPECT_TRUE(mentions(testing::error_of([] { LlamaConfig::from_json(R"({"attention_dropout": 0.1})"); }), "attention_dropout is 0.1"));
+  EXPECT_TRUE(mentions(testing::error_of([] { LlamaConfig::from_json(R"({"partial_rotary_factor": 0.5})"); }), "partial_rotary_factor is 0.5"));
+  // A real Llama 3.1 Instruct config: a list of eos ids and fields fsdpp does not use survive
+  // to_json; pretraining_tp and "swish" are the same function as fsdpp's.
+  const LlamaConfig instruct = LlamaConfig::from_json(R"({"model_type": "llama", "hidden_act": "swish", "pretraining_tp": 2,
+      "eos_token_id": [128001, 128008, 128009], "use_cache": true, "rope_scaling": null})");
+  EXPECT_FALSE(instruct.eos_token_id.has_value());
+  const auto written = nlohmann::json::parse(instruct.to_json("bfloat16"));
+  EXPECT_EQ(written["eos_token_id"], nlohmann::json::array({128001, 128008, 128009}));
+  EXPECT_EQ(written["use_cache"], true);
+  EXPECT_EQ(written["torch_dtype"], "bfloat16");
 }
 
 }  // namespace

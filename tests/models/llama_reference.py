@@ -20,8 +20,9 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 CASES = {
-    # GQA (4 query heads over 2 key/value heads), untied, a vocabulary no world size divides.
-    "untied": dict(tie_word_embeddings=False),
+    # GQA (4 query heads over 2 key/value heads), untied, a vocabulary no world size divides, a
+    # padding token (its embedding row gets no gradient in the AdamW steps).
+    "untied": dict(tie_word_embeddings=False, pad_token_id=0),
     "tied": dict(tie_word_embeddings=True),
     # Llama 3.1's rope scaling, with an original context short enough that the test's positions
     # cross its low, medium and high frequency bands; and an explicit head_dim.
@@ -50,6 +51,7 @@ def make(out):
     ids = torch.randint(0, VOCAB, (2, SEQ))
     save_file({"input_ids": ids}, os.path.join(out, "inputs.safetensors"))
     batches = torch.randint(0, VOCAB, (STEPS, 4, SEQ))  # 4 sequences: 2 per rank at 2 ranks
+    batches[:, :, 3] = 0  # the padding token in every sequence
     save_file({"batches": batches}, os.path.join(out, "batches.safetensors"))
     for case in CASES:
         torch.manual_seed(1)
