@@ -9,6 +9,8 @@
 
 #include <fsdpp/fsdpp.h>
 
+#include "standalone.h"
+
 namespace {
 
 int failures = 0;
@@ -80,7 +82,7 @@ double time_per_call(F&& call, int iterations) {
 }  // namespace
 
 int run() {
-  auto world = fsdpp::init_process_group();
+  auto world = fsdpp::examples::init_process_group_or_single_rank({}, "collectives_check");
   const int rank = world.rank(), n = world.size();
   check_collectives(rank, n);
 
@@ -108,7 +110,7 @@ int main() {
   try {
     return run();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "collectives_check: %s\n", e.what());
     return 1;
   }
 }

@@ -13,6 +13,7 @@
 
 #include <fsdpp/fsdpp.h>
 
+#include "standalone.h"
 #include "transformer.h"
 
 namespace {
@@ -33,9 +34,9 @@ int64_t training_state_bytes(const std::vector<at::Tensor>& params) {
 
 }  // namespace
 
-int main() {
+int run() {
   using namespace fsdpp::examples;
-  auto world = fsdpp::init_process_group();
+  auto world = init_process_group_or_single_rank({}, "train_transformer");
   const int rank = world.rank(), n = world.size();
   TransformerArgs args;
   args.n_layers = 4;
@@ -128,4 +129,13 @@ int main() {
   }
   fsdpp::destroy_process_group();
   return 0;
+}
+
+int main() {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_transformer: %s\n", e.what());
+    return 1;
+  }
 }

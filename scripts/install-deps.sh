@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 FSDPP_TRANSFORMERS_SPEC=${FSDPP_TRANSFORMERS_SPEC:-transformers>=4.56,<6}
 . scripts/libtorch.sh
 packages="cmake g++ make ccache libgloo-dev nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev
-  libgmock-dev libxxhash-dev python3 iproute2 fortunes $*"
+  libgmock-dev libxxhash-dev libonig-dev libicu-dev libsentencepiece-dev python3 iproute2 fortunes $*"
 case "$FSDPP_LIBTORCH" in
   pypi) packages="$packages python3-venv" ;;
   debian) packages="$packages libtorch-dev python3-torch libopenblas0-pthread" ;;
@@ -56,7 +56,11 @@ if [ "$FSDPP_LIBTORCH" = pypi ]; then
     "$FSDPP_PYTHON" -m pip install -q "$FSDPP_TORCH_SPEC" safetensors numpy
     echo "$FSDPP_TORCH_SPEC" >"$marker"
   fi
-  # transformers: the Llama parity tests' reference (tests/models/llama_reference.py).
+  # transformers: the Llama parity tests' reference (tests/models/llama_reference.py); with it
+  # tokenizers, the tokenizer tests' and the main job's tokenizer trainer. sentencepiece: the
+  # tokenizer tests' SentencePiece models; tensorboard: reads the trainer's event files in tests.
   "$FSDPP_PYTHON" -c 'import transformers' 2>/dev/null ||
     "$FSDPP_PYTHON" -m pip install -q "$FSDPP_TRANSFORMERS_SPEC"
+  "$FSDPP_PYTHON" -c 'import sentencepiece, tensorboard' 2>/dev/null ||
+    "$FSDPP_PYTHON" -m pip install -q "sentencepiece>=0.2,<0.3" "tensorboard>=2.16,<3"
 fi

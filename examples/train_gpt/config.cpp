@@ -22,20 +22,32 @@ struct Flag {
 std::vector<Flag> flags(Config& c) {
   return {
       {"data", &c.data, true, "text file to train on (required)"},
-      {"layers", &c.layers, true, "transformer blocks"},
+      {"config", &c.model_config, true, "a Hugging Face Llama config.json: the model, trained from scratch"},
+      {"init-from", &c.init_from, true, "a Hugging Face Llama directory to fine-tune (config.json, weights, tokenizer)"},
+      {"tokenizer", &c.tokenizer, true, "a folder or file with tokenizer.json or tokenizer.model, or bytes (empty: "
+                                         "--init-from's, else bytes)"},
+      {"layers", &c.layers, true, "decoder layers (without --config / --init-from)"},
       {"dim", &c.dim, true, "model width"},
       {"heads", &c.heads, true, "attention heads"},
-      {"seq", &c.seq, true, "tokens (bytes) per sequence"},
-      {"batch", &c.batch, true, "sequences per step over all ranks (a multiple of the world size)"},
+      {"kv-heads", &c.kv_heads, true, "key/value heads (grouped-query attention; 0: --heads)"},
+      {"ffn-dim", &c.ffn_dim, true, "the MLP's width (0: 8/3 x dim rounded up to a multiple of 32)"},
+      {"seq", &c.seq, true, "tokens per sequence"},
+      {"batch", &c.batch, true, "sequences per optimizer step over all ranks (a multiple of world size x "
+                                "--grad-accum)"},
+      {"grad-accum", &c.grad_accum, true, "micro-batches per step on each rank (gradients accumulated)"},
       {"steps", &c.steps, true, "training steps (the learning-rate schedule's length)"},
       {"lr", &c.lr, true, "peak learning rate (AdamW)"},
-      {"min-lr", &c.min_lr, true, "learning rate at the end of the cosine"},
+      {"min-lr", &c.min_lr, true, "learning rate at the end of the schedule"},
       {"warmup", &c.warmup, true, "linear warm-up steps"},
+      {"lr-schedule", &c.lr_schedule, true, "after the warm-up: cosine, linear (both down to --min-lr) or constant"},
       {"weight-decay", &c.weight_decay, true, "AdamW weight decay"},
       {"clip", &c.clip, true, "max global gradient norm over all shards (0: off)"},
       {"val-fraction", &c.val_fraction, true, "fraction of the file (its end) held out for validation"},
       {"seed", &c.seed, true, "initial weights and batch sampling"},
       {"param-dtype", &c.param_dtype, true, "float32 or bfloat16 (FSDP mixed precision; float32 master weights)"},
+      {"reduce-every-micro-batch", &c.reduce_every_micro_batch, false,
+       "with --grad-accum: reduce-scatter every micro-batch's gradients (sharded accumulation, less memory, "
+       "more traffic) instead of the last one's only"},
       {"init", &c.init, false, "deferred: each rank allocates only its shards, initializing one block at a time; eager: "
                               "the whole model on every rank first"},
       {"device", &c.device, false, "cuda (each rank cuda:LOCAL_RANK), cpu, or auto: cuda where a GPU is present"},
@@ -54,7 +66,12 @@ std::vector<Flag> flags(Config& c) {
       {"resume-from", &c.resume_from, false, "continue from this checkpoint folder (a step-NNNNNNNN)"},
       {"stop-after", &c.stop_after, false, "end this run after that step, as if preempted (then --resume)"},
       {"out", &c.out, false, "model.safetensors to export at the end (default <ckpt-dir>/model.safetensors)"},
-      {"sample-bytes", &c.sample_bytes, false, "bytes of text generated from the exported model"},
+      {"export-hf", &c.export_hf, false, "a Hugging Face directory to write at the end (weights, config.json, "
+                                          "tokenizer files)"},
+      {"metrics-file", &c.metrics_file, false, "JSON lines, one per logged step, appended across resumes"},
+      {"tensorboard", &c.tensorboard, false, "a TensorBoard log directory for the same metrics"},
+      {"loss-curve", &c.loss_curve, false, "the loss curves' picture, SVG (default <ckpt-dir>/loss-curve.svg)"},
+      {"sample-tokens", &c.sample_tokens, false, "tokens of text generated at the end (0: none)"},
       {"prompt", &c.prompt, false, "text the sample starts from"},
       {"progress-bar", &c.progress_bar, false, "draw a progress bar when stdout is a terminal"},
   };
@@ -99,12 +116,24 @@ void Config::validate() const {
   auto fail = [](const std::string& m) { throw std::invalid_argument(m); };
   if (c.data.empty()) fail("--data PATH is required (a text file to train on)");
   for (auto [name, v] : {std::pair{"--layers", c.layers}, {"--dim", c.dim}, {"--heads", c.heads}, {"--seq", c.seq},
-                         {"--batch", c.batch}, {"--steps", c.steps}, {"--log-every", c.log_every},
+                         {"--batch", c.batch}, {"--grad-accum", c.grad_accum}, {"--steps", c.steps}, {"--log-every", c.log_every},
                          {"--eval-every", c.eval_every}, {"--eval-batches", c.eval_batches},
                          {"--ckpt-every", c.ckpt_every}, {"--keep", c.keep}, {"--replicate", c.replicate}})
     if (v <= 0) fail(std::string(name) + " must be positive, not " + std::to_string(v));
   if (c.dim % c.heads != 0)
     fail("--dim " + std::to_string(c.dim) + " is not a multiple of --heads " + std::to_string(c.heads));
+  if (c.kv_heads < 0 || (c.kv_heads > 0 && c.heads % c.kv_heads != 0))
+    fail("--kv-heads " + std::to_string(c.kv_heads) + " does not divide --heads " + std::to_string(c.heads));
+  if (c.ffn_dim < 0) fail("--ffn-dim must not be negative");
+  if (!c.model_config.empty() && !c.init_from.empty())
+    fail("--config and --init-from both give the model: --init-from DIR already has its config.json");
+  if (!c.model_config.empty() || !c.init_from.empty())
+    for (const char* shape : {"layers", "dim", "heads", "kv-heads", "ffn-dim"})
+      if (given.count(shape))
+        fail(std::string("--") + shape + " with " + (c.model_config.empty() ? "--init-from" : "--config") +
+             ": the model's shape comes from its config.json");
+  if (c.lr_schedule != "cosine" && c.lr_schedule != "linear" && c.lr_schedule != "constant")
+    fail("--lr-schedule " + c.lr_schedule + ": expected cosine, linear or constant");
   if (c.warmup < 0) fail("--warmup must not be negative");
   if (!(c.val_fraction > 0 && c.val_fraction < 1)) fail("--val-fraction must be between 0 and 1");
   if (c.param_dtype != "float32" && c.param_dtype != "bfloat16")
@@ -114,6 +143,7 @@ void Config::validate() const {
   if (c.device != "auto" && c.device != "cpu" && c.device != "cuda")
     fail("--device " + c.device + ": expected cuda, cpu or auto");
   if (c.peak_tflops < 0) fail("--peak-tflops must not be negative");
+  if (c.sample_tokens < 0) fail("--sample-tokens must not be negative");
   if (c.resume && c.ckpt_dir.empty()) fail("--resume needs --ckpt-dir");
 }
 

@@ -5,42 +5,40 @@
 
 #include <torch/torch.h>
 
-#include <fsdpp/checkpoint.h>
-
 namespace train_gpt {
 
-std::string sample_text(const std::string& safetensors_file, const fsdpp::examples::TransformerArgs& args,
-                        const std::string& prompt, int64_t count, uint64_t seed) {
-  fsdpp::examples::Transformer model(args);
-  const auto weights = fsdpp::checkpoint::load_safetensors(safetensors_file);
+std::string sample_text(Model& model, const TextTokenizer& tokenizer, int64_t context, const std::string& prompt,
+                        int64_t count, uint64_t seed) {
   torch::NoGradGuard no_grad;
-  for (auto& item : model->named_parameters()) {
-    auto it = weights.find(item.key());
-    if (it == weights.end()) throw std::runtime_error(safetensors_file + " has no tensor '" + item.key() + "'");
-    item.value().copy_(it->second);
-  }
-  std::string text = prompt.empty() ? std::string("\n") : prompt;
+  std::vector<int32_t> start = tokenizer.encode(prompt.empty() ? std::string("\n") : prompt);
+  std::vector<int64_t> ids(start.begin(), start.end());
+  if (ids.empty()) ids.push_back(0);
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t context = std::min<int64_t>(static_cast<int64_t>(text.size()), args.max_seq_len);
-    at::Tensor tokens = torch::empty({1, context}, torch::kLong);
-    for (int64_t j = 0; j < context; ++j)
-      tokens[0][j] = static_cast<int64_t>(static_cast<uint8_t>(text[text.size() - static_cast<size_t>(context - j)]));
-    at::Tensor probs = torch::softmax(model->forward(tokens)[0][context - 1] / 0.8, -1).to(torch::kDouble).contiguous();
-    const double* p = probs.data_ptr<double>();
-    double u = uniform(rng), acc = 0;
-    int next = 255;
-    for (int b = 0; b < 256; ++b) {
-      acc += p[b];
-      if (u < acc) {
-        next = b;
-        break;
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(ids.size()), context);
+    const at::Tensor tokens = torch::tensor(std::vector<int64_t>(ids.end() - n, ids.end()), torch::kLong).unsqueeze(0);
+    const at::Tensor logits = model->forward(tokens)[0][n - 1].to(torch::kDouble).cpu();
+    at::Tensor next = torch::zeros({1}, torch::kLong);
+    if (fsdpp::default_group().rank() == 0) {
+      const at::Tensor probs = torch::softmax(logits / 0.8, -1).contiguous();
+      const double* p = probs.data_ptr<double>();
+      const int64_t vocab = probs.numel();
+      double u = uniform(rng), acc = 0;
+      int64_t pick = vocab - 1;
+      for (int64_t t = 0; t < vocab; ++t) {
+        acc += p[t];
+        if (u < acc) {
+          pick = t;
+          break;
+        }
       }
+      next[0] = pick;
     }
-    text.push_back(static_cast<char>(next));
+    fsdpp::broadcast(next, 0);  // the ranks' logits agree; rank 0's draw decides
+    ids.push_back(next.item<int64_t>());
   }
-  return text;
+  return tokenizer.decode(ids);
 }
 
 std::string printable(const std::string& text) {

@@ -81,6 +81,23 @@ const char* to_string(Entry::Kind kind);
 // Names to entries. Keys are free-form ("model.fc1.weight", "optim.state.0.exp_avg", "step").
 using State = std::map<std::string, Entry>;
 
+// Any object's state in a checkpoint, as torch.distributed.checkpoint.stateful.Stateful: a data
+// loader's position, an RNG, a schedule. state_dict() is asked at save time and gives entries
+// (tensors or plain values); after a load, load_state_dict() is handed what was read.
+class Stateful {
+ public:
+  virtual ~Stateful() = default;
+  virtual State state_dict() const = 0;
+  virtual void load_state_dict(const State& state) = 0;
+};
+
+// `object`'s entries under `prefix` (each key prefix + key), to merge into the State to save or
+// to load: to_state(loader, "loader.").
+State to_state(const Stateful& object, const std::string& prefix);
+// Hands `object` the entries of `state` under `prefix` (the prefix stripped) once a load filled
+// them. Throws naming the prefix when the state holds none of them.
+void load_stateful(Stateful& object, const State& state, const std::string& prefix);
+
 struct SaveOptions {
   // The ranks saving together; every member calls save. Default: the default group if
   // init_process_group ran, else this process alone.

@@ -23,8 +23,10 @@
 #include <fsdpp/sharded_tensor.h>
 #include <fsdpp/state_dict_container.h>
 #include <fsdpp/state_dict.h>
+#include <fsdpp/summary_writer.h>
 #include <fsdpp/tensor_layout.h>
 #include <fsdpp/tensor_parallel.h>
+#include <fsdpp/tokenizer.h>
 #include <fsdpp/work.h>
 #include <fsdpp/wrap_policy.h>
 #include <fsdpp/zero_redundancy_optimizer.h>

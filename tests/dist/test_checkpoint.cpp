@@ -225,6 +225,46 @@ TEST(Checkpoint, PlainValuesRoundTrip) {
   });
 }
 
+// A data loader's position and RNG, as a Stateful object saved beside other state.
+class ToyLoader : public ckpt::Stateful {
+ public:
+  int64_t position = 0;
+  std::string rng;
+  at::Tensor weights = at::zeros({3});
+  ckpt::State state_dict() const override {
+    return {{"position", position}, {"rng", ckpt::Entry::bytes(rng)}, {"weights", weights}};
+  }
+  void load_state_dict(const ckpt::State& state) override {
+    position = state.at("position").to_int();
+    rng = state.at("rng").to_string();
+    weights.copy_(state.at("weights").tensor());
+  }
+};
+
+TEST(Checkpoint, StatefulObjectsRoundTripBesideOtherState) {
+  testing::run_ranks(2, [](RankContext& ctx) {
+    const std::string dir = ctx.temp_dir + "/ckpt";
+    ToyLoader saved;
+    saved.position = 41;
+    saved.rng = std::string("\x00\xffstate", 7);
+    saved.weights = at::arange(3, at::kFloat);
+    ckpt::State state = ckpt::to_state(saved, "loader.");
+    state["step"] = 9;
+    ckpt::save(state, dir);
+
+    ToyLoader fresh;
+    ckpt::State back = ckpt::to_state(fresh, "loader.");
+    back["step"] = 0;
+    ckpt::load(back, dir);
+    ckpt::load_stateful(fresh, back, "loader.");
+    EXPECT_EQ(fresh.position, 41);
+    EXPECT_EQ(fresh.rng, saved.rng);
+    EXPECT_TRUE(fresh.weights.equal(saved.weights));
+    EXPECT_EQ(back["step"].to_int(), 9);
+    EXPECT_NE(error_of([&] { ckpt::load_stateful(fresh, back, "sampler."); }).find("'sampler.'"), std::string::npos);
+  });
+}
+
 // A reader that knows only the safetensors spec and docs/checkpoint-format.md (Python's
 // standard library) assembles the same bytes.
 TEST(Checkpoint, DataFilesReadByStdlibPython) {
