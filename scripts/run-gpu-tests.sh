@@ -3,7 +3,8 @@
 # most 5 minutes each, so that both and a rerun fit one 15-minute device session:
 #   run(command="sh scripts/run-gpu-tests.sh tests", carry=[".device-deps"], timeout_s=300)
 #   run(command="sh scripts/run-gpu-tests.sh bench", carry=[".device-deps"], timeout_s=300)
-# (../shared/tools/device-deps.sh makes .device-deps/: the build dependencies the machine lacks.)
+# (../shared/tools/device-deps.sh makes .device-deps/: the build dependencies the machine lacks;
+# then scripts/device-deps-tokenizers.sh adds the tokenizers' Oniguruma, ICU and SentencePiece.)
 #   tests: builds only the GPU test sources (with the harness and the library) against the
 #          machine's own PyTorch and runs them once through ctest, four groups at a time on the
 #          GPU; a failing group is rerun once with TORCH_NCCL_BLOCKING_WAIT=1 (passing there points
@@ -35,6 +36,8 @@ logged() {
   return "${rc:-0}"
 }
 [ -d .device-deps ] || { echo "run-gpu-tests: .device-deps/ missing (../shared/tools/device-deps.sh, then carry it)" >&2; exit 2; }
+[ -f .device-deps/include/oniguruma.h ] || {
+  echo "run-gpu-tests: .device-deps/ lacks the tokenizers' libraries (scripts/device-deps-tokenizers.sh)" >&2; exit 2; }
 
 step "versions"
 logged nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true

@@ -144,6 +144,9 @@ void Config::validate() const {
     fail("--device " + c.device + ": expected cuda, cpu or auto");
   if (c.peak_tflops < 0) fail("--peak-tflops must not be negative");
   if (c.sample_tokens < 0) fail("--sample-tokens must not be negative");
+  if (c.clip < 0) fail("--clip must not be negative (0: no clipping)");
+  if (c.lr < 0 || c.min_lr < 0) fail(std::string(c.lr < 0 ? "--lr" : "--min-lr") + " must not be negative");
+  if (c.weight_decay < 0) fail("--weight-decay must not be negative");
   if (c.resume && c.ckpt_dir.empty()) fail("--resume needs --ckpt-dir");
 }
 

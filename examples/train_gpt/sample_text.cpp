@@ -18,7 +18,9 @@ std::string sample_text(Model& model, const TextTokenizer& tokenizer, int64_t co
   for (int64_t i = 0; i < count; ++i) {
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(ids.size()), context);
     const at::Tensor tokens = torch::tensor(std::vector<int64_t>(ids.end() - n, ids.end()), torch::kLong).unsqueeze(0);
-    const at::Tensor logits = model->forward(tokens)[0][n - 1].to(torch::kDouble).cpu();
+    // Only the tokenizer's ids: a model's vocabulary may be padded past them (Qwen2.5's is).
+    const at::Tensor logits =
+        model->forward(tokens)[0][n - 1].narrow(0, 0, tokenizer.vocab_size()).to(torch::kDouble).cpu();
     at::Tensor next = torch::zeros({1}, torch::kLong);
     if (fsdpp::default_group().rank() == 0) {
       const at::Tensor probs = torch::softmax(logits / 0.8, -1).contiguous();

@@ -190,16 +190,19 @@ struct RunLog {
     for (std::string line; std::getline(in, line);) {
       const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (!record.is_object() || !record.contains("step")) continue;
-      if (record.contains("loss")) train.emplace_back(record["step"].get<int64_t>(), record["loss"].get<double>());
-      if (record.contains("val_loss"))
+      // A NaN loss is written as null: a gap in the picture.
+      if (record.contains("loss") && record["loss"].is_number())
+        train.emplace_back(record["step"].get<int64_t>(), record["loss"].get<double>());
+      if (record.contains("val_loss") && record["val_loss"].is_number())
         validation.emplace_back(record["step"].get<int64_t>(), record["val_loss"].get<double>());
     }
   }
 
   void write(const nlohmann::json& record) {
     const int64_t step = record["step"].get<int64_t>();
-    if (record.contains("loss")) train.emplace_back(step, record["loss"].get<double>());
-    if (record.contains("val_loss")) validation.emplace_back(step, record["val_loss"].get<double>());
+    if (record.contains("loss") && record["loss"].is_number()) train.emplace_back(step, record["loss"].get<double>());
+    if (record.contains("val_loss") && record["val_loss"].is_number())
+      validation.emplace_back(step, record["val_loss"].get<double>());
     metrics.write(record);
     if (!tensorboard) return;
     for (const auto& [key, value] : record.items())
@@ -231,17 +234,23 @@ double train_step(Model& model, torch::optim::Optimizer& opt, const TextCorpus& 
   return loss_sum;
 }
 
-// Copies the tokenizer's files next to an exported model, so transformers' AutoTokenizer reads
-// the directory as it reads a downloaded one.
+// Copies the tokenizer's files next to an exported model, under the names transformers' AutoTokenizer
+// reads: a folder's tokenizer.json / tokenizer.model and its config files, or the one file given.
 void copy_tokenizer_files(const TextTokenizer& tokenizer, const std::string& dir) {
   namespace fs = std::filesystem;
   if (tokenizer.is_bytes()) return;
   const fs::path source(tokenizer.source());
+  std::vector<std::pair<fs::path, std::string>> files;  // (from, name in dir)
+  std::vector<std::string> names = {"tokenizer_config.json", "special_tokens_map.json"};
+  if (fs::is_directory(source)) names.insert(names.end(), {"tokenizer.json", "tokenizer.model"});
+  else files.emplace_back(source, source.extension() == ".model" ? "tokenizer.model" : "tokenizer.json");
   const fs::path folder = fs::is_directory(source) ? source : source.parent_path();
-  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"}) {
-    const fs::path file = folder / name;
-    if ((fs::is_directory(source) || file == source || file.filename() != "tokenizer.json") && fs::exists(file))
-      fs::copy_file(file, fs::path(dir) / name, fs::copy_options::overwrite_existing);
+  for (const std::string& name : names)
+    if (fs::exists(folder / name)) files.emplace_back(folder / name, name);
+  for (const auto& [from, name] : files) {
+    const fs::path to = fs::path(dir) / name;
+    if (fs::exists(to) && fs::equivalent(from, to)) continue;  // exporting into the tokenizer's own folder
+    fs::copy_file(from, to, fs::copy_options::overwrite_existing);
   }
 }
 
@@ -284,6 +293,9 @@ int run(Config c, const fsdpp::ProcessGroup& world, const at::Device& device) {
                                  std::filesystem::exists(c.init_from + "/tokenizer.model"))
           ? c.init_from
           : "bytes";
+  if (c.tokenizer.empty() && !c.init_from.empty() && tokenizer_source == "bytes")
+    throw std::invalid_argument("--init-from " + c.init_from + " has no tokenizer.json or tokenizer.model: give "
+                                "--tokenizer (its tokenizer's folder, or bytes to train byte ids into its vocabulary)");
   const TextTokenizer tokenizer = TextTokenizer::load(tokenizer_source);
   TextCorpus corpus(c.data, tokenizer, c.val_fraction, c.seq + 1);
   BatchSampler sampler(static_cast<uint64_t>(c.seed), corpus.train_tokens(), c.seq + 1);

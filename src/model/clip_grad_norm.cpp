@@ -171,6 +171,9 @@ at::Tensor clip_grad_norm_(torch::nn::Module& module, double max_norm, double no
     }
   }
 
+  // An infinite max_norm measures only: PyTorch's coefficient would be inf / inf = nan for an
+  // infinite norm, and 1 otherwise.
+  if (std::isinf(max_norm) && max_norm > 0) return total;
   // PyTorch's coefficient, in the norm's dtype: max_norm / (total + 1e-6), at most 1.
   const at::Tensor clip_coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
   {

@@ -70,9 +70,10 @@ AddedTokens::AddedTokens(const JsonAt& at, const Normalizer& normalizer) {
     by_id_[a.id] = tokens_.size();
     tokens_.push_back(std::move(a));
   }
-  // The same classes as tokenizers' \w and \s (Rust regex, Unicode).
-  word_char_ = std::make_unique<Regex>(R"(\w)", at.file + ": single_word");
-  space_char_ = std::make_unique<Regex>(R"(\s)", at.file + ": lstrip/rstrip");
+  // The classes of tokenizers' \w and \s (the Rust regex crate's Unicode definitions, which
+  // differ from Oniguruma's \w: Alphabetic rather than L, Nd rather than N, and Join_Control).
+  word_char_ = std::make_unique<Regex>(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}])", at.file + ": single_word");
+  space_char_ = std::make_unique<Regex>(R"(\p{White_Space})", at.file + ": lstrip/rstrip");
 }
 
 const AddedToken* AddedTokens::find(std::string_view content) const {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""transformers' side of the trainer's fine-tuning test (TrainGpt.FineTuneFromHuggingFace).
+"""transformers' side of the trainer's fine-tuning test (TrainGpt.GradAccumAndFineTuneFromHuggingFace).
 
     hf_fine_tune.py make CORPUS OUT    a byte-level BPE tokenizer trained on CORPUS with
                                        `tokenizers` and a tiny random LlamaForCausalLM over its

@@ -14,7 +14,7 @@ Cases (each a ctest test TrainGpt.<Case>):
   ParallelismFlagsKeepTheRun      HSDP + activation checkpointing in bf16 stopped, resumed as plain
                                   FSDP on 2 ranks: the losses of plain FSDP on 4
   LearnsBelowUnigramEntropy       a short run's validation loss ends below the text's unigram
-                                  entropy, and the exported file generates a sample
+                                  entropy; model.safetensors is written, the sharded model samples
   FlagErrors                      misuse gets errors naming the flag; --help lists the flags
   GradAccumAndFineTuneFromHuggingFace
                                   --grad-accum 2 (last-micro-batch and every-micro-batch
@@ -273,6 +273,17 @@ def case_flag_errors(t):
     check("--lr fast: not a number" in out, "no error naming --lr", out)
     out = t.run(1, "--device", "gpu", expect_ok=False)
     check("--device gpu: expected cuda, cpu or auto" in out, "no error naming --device", out)
+    out = t.run(1, "--lr-schedule", "step", expect_ok=False)
+    check("--lr-schedule step: expected cosine, linear or constant" in out, "no error naming --lr-schedule", out)
+    out = t.run(1, "--config", t.dir("config.json"), "--layers", 2, expect_ok=False)
+    check("--layers with --config: the model's shape comes from its config.json" in out, "no error naming --layers", out)
+    out = t.run(1, "--config", t.dir("absent.json"), expect_ok=False)
+    check(t.dir("absent.json") in out and "Traceback" not in out, "no error naming the config file", out)
+    out = t.run(1, "--tokenizer", t.dir("no-tokenizer"), expect_ok=False)
+    check(t.dir("no-tokenizer") in out, "no error naming the tokenizer path", out)
+    os.makedirs(t.dir("weights-only"))
+    out = t.run(1, "--init-from", t.dir("weights-only"), expect_ok=False)
+    check("has no tokenizer.json or tokenizer.model: give --tokenizer" in out, "no error about --init-from's tokenizer", out)
     # --help lists every flag with its default, one line each (a long default once broke it).
     helped = subprocess.run([t.args.trainer, "--help"], capture_output=True, text=True, timeout=60)
     check(helped.returncode == 0, "--help failed", helped.stdout + helped.stderr)
@@ -419,12 +430,22 @@ def helper(*args):
 
 def case_grad_accum_and_fine_tune(t):
     # Gradient accumulation: the global batch of 12 at 2 ranks as 2 micro-batches of 3 per rank.
-    one = losses(t.run(2, *MODEL))[0]
+    # The bytes each rank sends per step show the micro-batches: each gathers the layers again,
+    # and --reduce-every-micro-batch reduce-scatters each one's gradients too.
+    def sent(out):
+        return max(float(x) for x in re.findall(r"sent ([0-9.]+) MiB/step", out))
+    out = t.run(2, *MODEL)
+    one, bytes_one = losses(out)[0], sent(out)
+    bytes_two = {}
     for extra in ([], ["--reduce-every-micro-batch"]):
-        two = losses(t.run(2, *MODEL, "--grad-accum", 2, *extra))[0]
+        out = t.run(2, *MODEL, "--grad-accum", 2, *extra)
+        two, bytes_two[bool(extra)] = losses(out)[0], sent(out)
         worst = max(abs(float(two[s]) - float(one[s])) / float(one[s]) for s in one)
-        print(f"--grad-accum 2 {' '.join(extra)}: losses within {worst:.2e} relative of one batch")
+        print(f"--grad-accum 2 {' '.join(extra)}: losses within {worst:.2e} relative of one batch; "
+              f"{bytes_two[bool(extra)]:.3f} MiB sent per step (one batch: {bytes_one:.3f})")
         check(sorted(two) == sorted(one) and worst <= 2e-5, f"--grad-accum 2 {extra} differs by {worst:.3g}")
+    check(bytes_one < bytes_two[False] < bytes_two[True],
+          f"bytes per step do not show the micro-batches: {bytes_one}, {bytes_two}")
     out = t.run(2, *MODEL, "--grad-accum", 4, expect_ok=False)
     check("--batch 12 is not a multiple of the world size 2 x --grad-accum 4" in out, "no error naming --grad-accum", out)
     if not python_has("transformers", "tokenizers"):
@@ -457,7 +478,7 @@ def read_metrics(path):
 
 def case_metrics_across_resume(t):
     flags = ["--ckpt-dir", t.dir("run"), "--metrics-file", t.dir("metrics.jsonl"), "--tensorboard", t.dir("tb")]
-    t.run(2, *MODEL, *flags, "--stop-after", 8)
+    t.run(2, *MODEL, *flags, "--stop-after", 8, "--lr-schedule", "linear", "--min-lr", 1e-4)
     # Steps 7 and 8 are logged again by the resumed run (it continues from step 4's checkpoint
     # after the one of step 8 is removed, as if the job had died after saving step 4).
     import shutil
@@ -474,6 +495,12 @@ def case_metrics_across_resume(t):
         if r["step"] in train:
             check(f"{r['loss']:.6f}" == train[r["step"]], f"step {r['step']}: {r['loss']} vs the line's {train[r['step']]}")
     check([r["step"] for r in records if "val_loss" in r] == [6, 12], "validation losses not at steps 6 and 12")
+    # The schedule (recorded in the checkpoint, so the resumed run keeps it): linear warm-up over
+    # 3 steps to 3e-3, then a line to 1e-4 at step 12; each record's lr is its step's.
+    def linear(i):
+        return 3e-3 * (i + 1) / 3 if i < 3 else 3e-3 + (1e-4 - 3e-3) * (i - 3) / 9
+    for r in records:
+        check(abs(r["lr"] - linear(r["step"] - 1)) <= 1e-12, f"step {r['step']}: lr {r['lr']} vs {linear(r['step'] - 1)}")
     check(os.path.getsize(os.path.join(t.dir("run"), "loss-curve.svg")) > 500, "no loss-curve picture", out)
     if not python_has("tensorboard"):
         print("skipped the TensorBoard part: this Python has no tensorboard (Debian's leg)")
