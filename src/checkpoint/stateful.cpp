@@ -1,6 +1,5 @@
 #include <fsdpp/checkpoint.h>
-
-#include <stdexcept>
+#include <fsdpp/error.h>
 
 namespace fsdpp::checkpoint {
 
@@ -14,7 +13,7 @@ void load_stateful(Stateful& object, const State& state, const std::string& pref
   State own;
   for (auto it = state.lower_bound(prefix); it != state.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
     own.emplace(it->first.substr(prefix.size()), it->second);
-  if (own.empty()) throw std::invalid_argument("load_stateful: the state holds no entry under '" + prefix + "'");
+  if (own.empty()) throw Error("load_stateful: the state holds no entry under '" + prefix + "'");
   object.load_state_dict(own);
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "metrics/temp_dir.h"
 #include "train_gpt/loss_curve.h"
 
 namespace fs = std::filesystem;
@@ -17,22 +18,8 @@ using train_gpt::Curve;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string templ = (fs::temp_directory_path() / "fsdpp-curve-XXXXXX").string();
-    if (mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = templ;
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
-std::string read_all(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using fsdpp::testing::read_all;
+using fsdpp::testing::TempDir;
 
 // A tiny XML check: every element closed in order, quotes balanced, nothing after the root.
 ::testing::AssertionResult well_formed(const std::string& xml) {
