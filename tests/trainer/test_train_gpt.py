@@ -417,9 +417,6 @@ def python_has(*modules):
     return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
 
 
-SKIP = 77  # ctest's SKIP_RETURN_CODE for these cases
-
-
 def helper(*args):
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_fine_tune.py")
     p = subprocess.run([sys.executable, script, *map(str, args)], capture_output=True, text=True, timeout=DEADLINE)
