@@ -6,7 +6,8 @@
 // or the launcher is told to stop. It never leaves processes behind: each rank
 // runs in its own process group, which is signalled as a whole, and dies with
 // the launcher (PR_SET_PDEATHSIG) even if the launcher is SIGKILLed.
-// This file reads the options; rank_supervisor.cpp runs the job.
+// This file reads the options; job_restarts.cpp runs the job's attempts, rank_supervisor.cpp
+// each attempt's ranks, output_relay.cpp their output.
 
 #include <CLI/CLI.hpp>
 
@@ -21,7 +22,7 @@ namespace {
 using fsdpp_run::Options;
 using fsdpp_run::say;
 
-constexpr int kUsageError = 2;
+constexpr int kUsageError = fsdpp_run::kUsageErrorExitCode;
 
 // ---------------------------------------------------------------- options
 
@@ -39,12 +40,20 @@ int parse_options(int argc, char** argv, Options& opt) {
   app.formatter(std::make_shared<HelpFormatter>());
   app.footer(
       "Each process gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,\n"
-      "MASTER_ADDR, MASTER_PORT, and OMP_NUM_THREADS=1 unless already set. Every\n"
+      "MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT (= FSDPP_RESTART_COUNT),\n"
+      "and OMP_NUM_THREADS=1 unless already set. Without --master-port, a single-node\n"
+      "job's store listens on a free port of 127.0.0.1 that fsdpp-run holds and hands\n"
+      "to rank 0 (FSDPP_STORE_LISTEN_FD; a program that is not built on fsdpp needs\n"
+      "--master-port). Every\n"
       "line it prints is prefixed with \"[rank<R>]: \" (stdout and stderr kept apart).\n"
       "If a rank fails, the others get SIGTERM, then SIGKILL after the grace period,\n"
       "and fsdpp-run exits with the failing rank's exit code (128+signal if it was\n"
-      "killed). SIGINT and SIGTERM sent to fsdpp-run are forwarded to all ranks,\n"
-      "and fsdpp-run then exits with 128+signal. Ranks die with fsdpp-run.\n"
+      "killed), unless --max-restarts allows a restart: then all ranks start again\n"
+      "(a new attempt), except after a usage error (exit code 2), a program that\n"
+      "cannot be executed (126, 127) or a preempted job (75). SIGINT and SIGTERM sent\n"
+      "to fsdpp-run are forwarded to all ranks, which get --signal-grace-seconds to\n"
+      "exit; fsdpp-run then exits with 75 if every rank exited with 75 (preempted:\n"
+      "it saved its state, resume it), else with 128+signal. Ranks die with fsdpp-run.\n"
       "--timeout S sets FSDPP_TIMEOUT_SECONDS=S for the ranks: fsdpp's rendezvous and\n"
       "every collective then give up after S seconds, each waiting rank printing the\n"
       "collective and the ranks that had not arrived. When one rank has exited 0, the\n"
@@ -68,8 +77,15 @@ int parse_options(int argc, char** argv, Options& opt) {
   app.add_option("--master-addr,--master_addr", opt.master_addr,
                  "Address of the rank 0 node (MASTER_ADDR)")
       ->capture_default_str();
-  app.add_option("--master-port,--master_port", opt.master_port,
-                 "Port of the rendezvous store on the rank 0 node (MASTER_PORT)")
+  auto* master_port = app.add_option("--master-port,--master_port", opt.master_port,
+                                     "Port of the rendezvous store on the rank 0 node (MASTER_PORT); "
+                                     "default for one node: a free port of 127.0.0.1")
+                           ->capture_default_str();
+  app.add_option("--max-restarts,--max_restarts", opt.max_restarts,
+                 "Times the job's ranks are all started again after a failure")
+      ->capture_default_str();
+  app.add_option("--signal-grace-seconds,--signal_grace_seconds", opt.signal_grace_seconds,
+                 "Seconds between a SIGINT/SIGTERM forwarded to the ranks and SIGKILL (time to save)")
       ->capture_default_str();
   app.add_option("--kill-grace-seconds,--kill_grace_seconds", opt.kill_grace_seconds,
                  "Seconds between SIGTERM and SIGKILL when stopping the ranks")
@@ -88,6 +104,7 @@ int parse_options(int argc, char** argv, Options& opt) {
     return app.exit(e) == 0 ? 0 : kUsageError;
   }
   opt.exit_wait_given = exit_wait->count() > 0;
+  opt.master_port_given = master_port->count() > 0;
   // Unknown options land here too, ahead of the program; after "--" anything goes.
   opt.command = app.remaining();
   if (!opt.command.empty() && opt.command.front() == "--") {
@@ -119,6 +136,10 @@ std::string validate(const Options& o) {
   if (o.master_addr.empty()) return "--master-addr must not be empty";
   if (!(o.kill_grace_seconds >= 0 && o.kill_grace_seconds <= 86400))  // also rejects NaN
     return "--kill-grace-seconds must be in [0, 86400]" + got(o.kill_grace_seconds);
+  if (!(o.signal_grace_seconds >= 0 && o.signal_grace_seconds <= 86400))
+    return "--signal-grace-seconds must be in [0, 86400]" + got(o.signal_grace_seconds);
+  if (o.max_restarts < 0 || o.max_restarts > 1000000)
+    return "--max-restarts must be in [0, 1000000]" + got(o.max_restarts);
   if (!(o.timeout_seconds >= 0 && o.timeout_seconds <= 1e7))
     return "--timeout must be in [0, 1e7] seconds (0: the program's own)" + got(o.timeout_seconds);
   if (!(o.exit_wait_seconds >= 0 && o.exit_wait_seconds <= 1e7))

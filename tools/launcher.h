@@ -1,5 +1,8 @@
 #pragma once
-// fsdpp-run's pieces: its options, its own messages, and the job it starts and supervises.
+// fsdpp-run's pieces: its options, its own messages, one attempt at running the ranks
+// (rank_supervisor.cpp), and the job: attempts and restarts (job_restarts.cpp).
+#include <signal.h>
+
 #include <string>
 #include <vector>
 
@@ -11,6 +14,9 @@ struct Options {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  bool master_port_given = false;    // else a single-node job serves its store on a free loopback port
+  int max_restarts = 0;              // restarts of all ranks after a failure, per job (torchrun's flag)
+  double signal_grace_seconds = 30;  // after a forwarded SIGINT/SIGTERM, before SIGKILL (torchrun's 30 s)
   double kill_grace_seconds = 3.0;
   double timeout_seconds = 0;        // 0: not given; the program's own timeout applies
   double exit_wait_seconds = 300;    // after a clean exit, how long the others may take
@@ -18,12 +24,41 @@ struct Options {
   std::vector<std::string> command;  // program and its arguments
 };
 
+// Exit codes that mean something to the launcher.
+// A usage error (a bad flag, a missing file: argparse's and the shell's code) is not restarted:
+// retrying cannot help (pytorch#60910); neither is a program that cannot be executed.
+inline constexpr int kUsageErrorExitCode = 2;
+inline constexpr int kCannotExecuteExitCode = 126, kNotFoundExitCode = 127;
+// EX_TEMPFAIL (sysexits.h): the rank saved its state on a signal and stopped; resume it later.
+inline constexpr int kPreemptedExitCode = 75;
+
+// One start of all of this node's ranks.
+struct Attempt {
+  int number = 0;            // TORCHELASTIC_RESTART_COUNT: 0, then 1 for the first restart...
+  int master_port = 0;       // MASTER_PORT for this attempt
+  int store_listen_fd = -1;  // a listening loopback socket rank 0's store serves on, or -1
+};
+
+// How an attempt ended: the launcher's exit code if it is the last, and why, in a few words.
+struct AttemptEnd {
+  int exit_code = 0;
+  std::string reason;        // "rank 1 (pid 123) was killed by SIGKILL", "all ranks exited with code 0"
+  int forwarded_signal = 0;  // a SIGINT/SIGTERM the launcher received and passed on: the job ends
+};
 
 // The launcher's own messages, one line each on stderr.
 void say(const std::string& message);
 
-// Starts the ranks, relays their output and supervises them until the job ends; returns
-// fsdpp-run's exit code.
+// Prepares the launcher to supervise ranks: signals arrive on the returned descriptor (-1 on
+// failure, said) with `original_mask` the mask ranks get back; orphans come to be reaped.
+int start_supervising(sigset_t& original_mask);
+
+// Starts the ranks, relays their output and supervises them until they have all ended.
+AttemptEnd run_attempt(const Options& options, const Attempt& attempt, int signal_fd,
+                       const sigset_t& original_mask);
+
+// Runs attempts until one succeeds, cannot be helped by a restart, or --max-restarts are spent;
+// returns fsdpp-run's exit code.
 int run_job(const Options& options);
 
 }  // namespace fsdpp_run

@@ -1,8 +1,6 @@
-// The ranks of an fsdpp-run job: started with torchrun's environment, their output relayed
-// line by line with a "[rank<R>]: " prefix, reaped, and all stopped when one fails, when the
-// launcher is signalled, or when they outstay a clean exit (see --help in fsdpp_run.cpp).
-// On a terminal, what a rank redraws in place with carriage returns (a progress bar) is shown
-// as one status line under the log instead of piling up in it.
+// One attempt of an fsdpp-run job: this node's ranks started with torchrun's environment, their
+// output relayed (output_relay.h), reaped, and all stopped when one fails, when the launcher is
+// signalled, or when they outstay a clean exit (see --help in fsdpp_run.cpp).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -20,160 +18,11 @@
 #include <vector>
 
 #include "launcher.h"
+#include "output_relay.h"
 #include "run_summary.h"
 
 namespace fsdpp_run {
 namespace {
-
-// ---------------------------------------------------------------- output
-
-// Writes all of `data`; gives up silently if the reader is gone, because
-// losing our output must not stop us from supervising the ranks.
-void write_all(int fd, const std::string& data) {
-  const char* p = data.data();
-  size_t left = data.size();
-  while (left > 0) {
-    ssize_t n = write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-}
-
-
-// ---------------------------------------------------------------- relaying
-
-// When our stdout is a terminal: the one status line drawn below the log (the last redraw of
-// some rank's carriage-return line, prefixed), erased while lines are written above it.
-class StatusLine {
- public:
-  void enable() { enabled_ = true; }
-  void end() {  // the job is over: nothing more to redraw
-    erase();
-    text_.clear();
-  }
-  bool enabled() const { return enabled_; }
-  // Erases the line from the screen; `text_` stays, to be drawn again after the log lines.
-  void erase() {
-    if (drawn_) write_all(STDOUT_FILENO, "\r\033[K");
-    drawn_ = false;
-  }
-  void draw() {
-    if (!enabled_ || text_.empty() || drawn_) return;
-    write_all(STDOUT_FILENO, "\r\033[K" + text_);
-    drawn_ = true;
-  }
-  // `owner` now shows `text` ("" once its line is complete or erased by the rank).
-  void set(const void* owner, const std::string& text) {
-    if (text.empty() && owner != owner_) return;  // another rank's status stays
-    erase();
-    owner_ = owner;
-    text_ = text;
-    draw();
-  }
-
- private:
-  bool enabled_ = false;
-  const void* owner_ = nullptr;
-  std::string text_;
-  bool drawn_ = false;
-};
-
-// One, as our stdout has one cursor; say() erases it too.
-StatusLine status_line;
-
-// What a terminal would show of `line` (no newline): the text after its last carriage return,
-// without the erase-line sequence ("\033[K", "\033[2K") a redraw begins with.
-std::string shown_text(const std::string& line) {
-  const size_t cr = line.rfind('\r');
-  std::string text = cr == std::string::npos ? line : line.substr(cr + 1);
-  while (text.size() >= 3 && text.compare(0, 2, "\033[") == 0) {
-    const size_t k = text.find_first_not_of("0123456789", 2);
-    if (k == std::string::npos || text[k] != 'K') break;
-    text.erase(0, k + 1);
-  }
-  return text;
-}
-
-// One pipe from a rank's stdout or stderr, relayed line by line so that
-// lines of different ranks never interleave.
-struct Stream {
-  int fd = -1;         // our read end; -1 once closed
-  int out_fd = -1;     // where the lines go: our stdout or stderr
-  std::string prefix;  // "[rank<R>]: "
-  std::string pending; // bytes after the last newline
-  std::string timeout_report;  // the last fsdpp collective-timeout line, for the summary
-  bool redraws = false;  // carriage returns redraw the status line (our stdout on a terminal)
-};
-
-void write_lines(Stream& s, const std::string& lines) {
-  if (lines.empty()) return;
-  status_line.erase();
-  write_all(s.out_fd, lines);
-  status_line.draw();
-}
-
-void emit_complete_lines(Stream& s) {
-  std::string out;
-  size_t start = 0;
-  for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
-    std::string line = s.pending.substr(start, nl + 1 - start);
-    if (line.find(fsdpp_run::kTimeoutMarker) != std::string::npos) s.timeout_report = line.substr(0, line.size() - 1);
-    if (s.redraws) line = shown_text(line.substr(0, line.size() - 1)) + "\n";
-    out += s.prefix + line;
-  }
-  s.pending.erase(0, start);
-  if (s.redraws && start > 0) status_line.set(&s, "");  // a completed line ends the redraws
-  write_lines(s, out);
-  if (!s.redraws) return;
-  // Only the last redraw matters: keep pending from its carriage return on.
-  const size_t cr = s.pending.rfind('\r');
-  if (cr == std::string::npos) return;
-  s.pending.erase(0, cr);
-  const std::string text = shown_text(s.pending);
-  status_line.set(&s, text.empty() ? "" : s.prefix + text);
-}
-
-// A line without its newline still deserves its prefix, once no more of it
-// is coming.
-void flush_partial_line(Stream& s) {
-  if (s.pending.empty()) return;
-  std::string text = s.redraws ? shown_text(s.pending) : s.pending;
-  if (s.redraws) status_line.set(&s, "");
-  if (!text.empty()) write_lines(s, s.prefix + text + "\n");
-  s.pending.clear();
-}
-
-void close_stream(Stream& s) {
-  if (s.fd < 0) return;
-  close(s.fd);
-  s.fd = -1;
-  flush_partial_line(s);
-}
-
-// Reads one chunk; returns false when nothing more is available right now.
-bool read_once(Stream& s) {
-  if (s.fd < 0) return false;
-  char buf[65536];
-  ssize_t n;
-  do n = read(s.fd, buf, sizeof buf); while (n < 0 && errno == EINTR);
-  if (n < 0 && errno == EAGAIN) return false;
-  if (n <= 0) {  // end of file: every writer is gone
-    close_stream(s);
-    return false;
-  }
-  s.pending.append(buf, static_cast<size_t>(n));
-  emit_complete_lines(s);
-  return true;
-}
-
-// Reads what a rank left in the pipe. Bounded (16 x 64 KiB covers a full
-// pipe buffer) so a chatty grandchild cannot stall the launcher.
-void drain(Stream& s) {
-  for (int i = 0; i < 16 && read_once(s); ++i) {
-  }
-}
 
 // ---------------------------------------------------------------- ranks
 
@@ -195,7 +44,7 @@ bool open_pipe(int fds[2]) {
   return true;
 }
 
-void set_rank_env(const Options& o, int local_rank) {
+void set_rank_env(const Options& o, const Attempt& a, int local_rank) {
   auto set = [](const char* name, const std::string& value) { setenv(name, value.c_str(), 1); };
   set("RANK", std::to_string(o.node_rank * o.nproc_per_node + local_rank));
   set("WORLD_SIZE", std::to_string(o.nnodes * o.nproc_per_node));
@@ -203,10 +52,20 @@ void set_rank_env(const Options& o, int local_rank) {
   set("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
   set("GROUP_RANK", std::to_string(o.node_rank));
   set("MASTER_ADDR", o.master_addr);
-  set("MASTER_PORT", std::to_string(o.master_port));
+  set("MASTER_PORT", std::to_string(a.master_port));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(a.number));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts));
+  set("FSDPP_RESTART_COUNT", std::to_string(a.number));
+  // Rank 0's store serves on the launcher's loopback socket (src/comm/store_socket.h).
+  if (a.store_listen_fd >= 0 && o.node_rank == 0 && local_rank == 0) {
+    fcntl(a.store_listen_fd, F_SETFD, 0);  // inherited across exec by this rank only
+    set("FSDPP_STORE_LISTEN_FD", std::to_string(a.store_listen_fd));
+  } else {
+    unsetenv("FSDPP_STORE_LISTEN_FD");
+  }
   setenv("OMP_NUM_THREADS", "1", 0);  // as torchrun: N ranks must not each use every core
   // A rank's stdout is our pipe: this tells it whether a progress bar would reach a terminal.
-  if (status_line.enabled())
+  if (status_line_enabled())
     set("FSDPP_STDOUT_IS_TERMINAL", "1");
   else
     unsetenv("FSDPP_STDOUT_IS_TERMINAL");
@@ -218,14 +77,14 @@ void set_rank_env(const Options& o, int local_rank) {
 }
 
 // Runs in the forked child: becomes the rank's process and never returns.
-[[noreturn]] void exec_rank(const Options& o, int local_rank, pid_t launcher,
+[[noreturn]] void exec_rank(const Options& o, const Attempt& a, int local_rank, pid_t launcher,
                             const sigset_t& original_mask) {
   setpgid(0, 0);  // own group, so stopping the rank also stops its children
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != launcher) _exit(128 + SIGKILL);  // launcher died before prctl took hold
   signal(SIGPIPE, SIG_DFL);  // undo the launcher's own signal setup
   sigprocmask(SIG_SETMASK, &original_mask, nullptr);
-  set_rank_env(o, local_rank);
+  set_rank_env(o, a, local_rank);
 
   std::vector<char*> argv;
   for (const auto& arg : o.command) argv.push_back(const_cast<char*>(arg.c_str()));
@@ -236,7 +95,7 @@ void set_rank_env(const Options& o, int local_rank) {
   _exit(error == ENOENT ? 127 : 126);  // the shell's codes for "not found" / "not runnable"
 }
 
-bool spawn(Rank& r, const Options& o, int local_rank, const sigset_t& original_mask) {
+bool spawn(Rank& r, const Options& o, const Attempt& a, int local_rank, const sigset_t& original_mask) {
   int out[2], err[2];
   if (!open_pipe(out)) return false;
   if (!open_pipe(err)) {
@@ -248,7 +107,7 @@ bool spawn(Rank& r, const Options& o, int local_rank, const sigset_t& original_m
   if (pid == 0) {
     dup2(out[1], STDOUT_FILENO);  // dup2 drops close-on-exec on the copies
     dup2(err[1], STDERR_FILENO);
-    exec_rank(o, local_rank, launcher, original_mask);
+    exec_rank(o, a, local_rank, launcher, original_mask);
   }
   close(out[1]), close(err[1]);
   if (pid < 0) {
@@ -260,7 +119,7 @@ bool spawn(Rank& r, const Options& o, int local_rank, const sigset_t& original_m
   r.pid = pid;
   r.running = true;
   std::string prefix = "[rank" + std::to_string(r.rank) + "]: ";
-  r.out = Stream{out[0], STDOUT_FILENO, prefix, "", "", status_line.enabled()};
+  r.out = Stream{out[0], STDOUT_FILENO, prefix, "", "", status_line_enabled()};
   r.err = Stream{err[0], STDERR_FILENO, prefix, "", "", false};
   return true;
 }
@@ -275,6 +134,12 @@ std::string describe_exit(const Rank& r, int status) {
   if (WIFSIGNALED(status))
     return who + " was killed by " + signal_name(WTERMSIG(status));
   return who + " exited with code " + std::to_string(WEXITSTATUS(status));
+}
+
+std::string seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g s", s);
+  return text;
 }
 
 int exit_code_of(int status) {
@@ -295,18 +160,21 @@ class Supervisor {
  public:
   Supervisor(const Options& o, int signal_fd)
       : grace_(o.kill_grace_seconds),
+        signal_grace_(o.signal_grace_seconds),
         exit_wait_(o.exit_wait_seconds),
         exit_wait_given_(o.exit_wait_given),
         signal_fd_(signal_fd) {}
 
-  void start(const Options& o, const sigset_t& original_mask);
-  int run();
+  void start(const Options& o, const Attempt& a, const sigset_t& original_mask);
+  AttemptEnd run();
 
  private:
   bool any_running() const;
   bool any_group_alive() const;
   void signal_all(int sig) const;
-  void stop(int sig, int exit_code);
+  void stop(int sig, int exit_code, const std::string& reason, double grace);
+  void stop(int sig, int exit_code, const std::string& reason) { stop(sig, exit_code, reason, grace_); }
+  bool all_preempted() const;
   void kill_now();
   int poll_timeout_ms() const;
   void wait_for_events();
@@ -319,15 +187,18 @@ class Supervisor {
 
   std::vector<Rank> ranks_;
   double grace_;
+  double signal_grace_;
   double exit_wait_;
   bool exit_wait_given_;
   bool laggards_named_ = false;     // the ranks at work after exit_wait_ were named
   int first_clean_exit_ = -1;       // the first rank to exit 0, if any
   int deferred_exit_code_ = 0;      // a failure whose stop waits for the others' reports
+  std::string deferred_reason_;
   Clock::time_point reports_by_;    // when that wait ends
   Clock::time_point laggards_at_;   // when the others have waited exit_wait_ after it
   int signal_fd_;
   int exit_code_ = 0;
+  std::string reason_;              // why the attempt ended, once it is ending
   bool stopping_ = false;           // SIGTERM (or a forwarded signal) went out
   bool killed_ = false;             // SIGKILL went out
   bool leftovers_stopped_ = false;  // SIGTERM went to what outlived the ranks
@@ -335,29 +206,30 @@ class Supervisor {
   Clock::time_point kill_at_;
 };
 
-void Supervisor::start(const Options& o, const sigset_t& original_mask) {
+void Supervisor::start(const Options& o, const Attempt& a, const sigset_t& original_mask) {
   ranks_.resize(static_cast<size_t>(o.nproc_per_node));
   for (int local = 0; local < o.nproc_per_node; ++local) {
-    if (!spawn(ranks_[static_cast<size_t>(local)], o, local, original_mask)) {
-      say(std::string("cannot start rank processes: ") + strerror(errno));
+    if (!spawn(ranks_[static_cast<size_t>(local)], o, a, local, original_mask)) {
+      const std::string why = std::string("cannot start rank processes: ") + strerror(errno);
+      say(why);
       ranks_.resize(static_cast<size_t>(local));
-      stop(SIGTERM, 1);
+      stop(SIGTERM, 1, why);
       return;
     }
   }
 }
 
-int Supervisor::run() {
+AttemptEnd Supervisor::run() {
   for (;;) {
     if (!any_running()) {
       // Every rank exited before the failure's deferred stop: the failure still decides the code.
-      if (!stopping_ && deferred_exit_code_ != 0) exit_code_ = deferred_exit_code_;
+      if (!stopping_ && deferred_exit_code_ != 0) exit_code_ = deferred_exit_code_, reason_ = deferred_reason_;
       if (killed_ || !any_group_alive()) break;
       // The ranks are gone but left processes behind, which a forwarded
       // SIGINT may not have stopped: SIGTERM them now, SIGKILL at the deadline.
       if (!leftovers_stopped_) {
         leftovers_stopped_ = true;
-        stop(SIGTERM, exit_code_);
+        stop(SIGTERM, exit_code_, reason_);
       }
     }
     if (stopping_ && !killed_ && Clock::now() >= kill_at_) {
@@ -365,7 +237,7 @@ int Supervisor::run() {
       continue;
     }
     if (!stopping_ && deferred_exit_code_ != 0 && (Clock::now() >= reports_by_ || !reports_pending())) {
-      stop(SIGTERM, deferred_exit_code_);
+      stop(SIGTERM, deferred_exit_code_, deferred_reason_);
       continue;
     }
     if (!stopping_ && first_clean_exit_ >= 0 && any_running() && Clock::now() >= laggards_at_) {
@@ -378,9 +250,18 @@ int Supervisor::run() {
     drain(r.out), drain(r.err);
     close_stream(r.out), close_stream(r.err);
   }
-  status_line.end();
-  if (exit_code_ != 0 && forwarded_signal_ == 0) print_summary();
-  return exit_code_;
+  end_status_line();
+  // Told to stop, the ranks saved their state and said so: the job is preempted, not failed.
+  if (forwarded_signal_ != 0 && all_preempted()) exit_code_ = kPreemptedExitCode;
+  if (exit_code_ != 0 && forwarded_signal_ == 0 && exit_code_ != kPreemptedExitCode) print_summary();
+  if (reason_.empty()) reason_ = "all ranks exited with code 0";
+  return AttemptEnd{exit_code_, reason_, forwarded_signal_};
+}
+
+bool Supervisor::all_preempted() const {
+  for (const auto& r : ranks_)
+    if (r.running || !WIFEXITED(r.status) || WEXITSTATUS(r.status) != kPreemptedExitCode) return false;
+  return !ranks_.empty();
 }
 
 // A rank that exited 0 means the job's work is done. Those still running exit_wait_ later are
@@ -405,7 +286,7 @@ void Supervisor::check_laggards() {
     }
   }
   laggards_named_ = true;
-  if (end_job) return stop(SIGTERM, 1);
+  if (end_job) return stop(SIGTERM, 1, "rank(s) still running " + after);
   laggards_at_ = Clock::now() + std::chrono::seconds(1);
 }
 
@@ -454,12 +335,14 @@ void Supervisor::signal_all(int sig) const {
 
 // Starts the shutdown: the first reason to stop sets the exit code and the
 // SIGKILL deadline.
-void Supervisor::stop(int sig, int exit_code) {
+// `sig` 0 sends nothing: the ranks are stopping by themselves, and SIGKILL follows at the deadline.
+void Supervisor::stop(int sig, int exit_code, const std::string& reason, double grace) {
   if (!stopping_) {
     stopping_ = true;
     exit_code_ = exit_code;
+    reason_ = reason;
     kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                  std::chrono::duration<double>(grace_));
+                                  std::chrono::duration<double>(grace));
     for (auto& r : ranks_) {  // for the summary: who was still at it, and in what state
       const char state = r.running ? fsdpp_run::process_state(r.pid) : 'Z';
       if (state == 'Z') continue;  // exited, not yet reaped: its exit status will tell
@@ -467,6 +350,7 @@ void Supervisor::stop(int sig, int exit_code) {
       r.state_at_stop = state;
     }
   }
+  if (sig == 0) return;
   signal_all(sig);
   signal_all(SIGCONT);  // a stopped rank would hold the signal pending until SIGKILL
 }
@@ -523,9 +407,9 @@ void Supervisor::handle_signals() {
       signal_all(SIGKILL);
       killed_ = true;
     } else {
-      say("received " + signal_name(sig) + "; forwarding it to all ranks");
+      say("received " + signal_name(sig) + "; forwarding it to all ranks (SIGKILL in " + seconds(signal_grace_) + ")");
       forwarded_signal_ = sig;
-      stop(sig, 128 + sig);
+      stop(sig, 128 + sig, "fsdpp-run received " + signal_name(sig), signal_grace_);
     }
   }
 }
@@ -558,11 +442,18 @@ void Supervisor::on_exit(Rank& r, int status) {
     say(describe_exit(r, status) + " after a collective timeout; stopping all ranks once they have reported "
         "(" + std::to_string(kReportWait.count()) + " s at most)");
     deferred_exit_code_ = exit_code_of(status);
+    deferred_reason_ = describe_exit(r, status) + " after a collective timeout";
     reports_by_ = Clock::now() + kReportWait;
     return;
   }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == kPreemptedExitCode) {
+    // Preempted on a signal of its own (srun signals every task): the others are saving too.
+    say(describe_exit(r, status) + " (preempted: it saved its state); the other ranks get " + seconds(signal_grace_) +
+        " to do the same");
+    return stop(0, kPreemptedExitCode, describe_exit(r, status) + " (preempted)", signal_grace_);
+  }
   say(describe_exit(r, status) + "; stopping all ranks");
-  stop(SIGTERM, exit_code_of(status));
+  stop(SIGTERM, exit_code_of(status), describe_exit(r, status));
 }
 
 // If we were started with fd 0, 1 or 2 closed, a pipe would take its number
@@ -586,25 +477,22 @@ int watch_signals(sigset_t& original_mask) {
 
 }  // namespace
 
-int run_job(const Options& opt) {
+int start_supervising(sigset_t& original_mask) {
   ensure_standard_fds();
-  sigset_t original_mask;
   int signal_fd = watch_signals(original_mask);
   if (signal_fd < 0) {
     say(std::string("signalfd: ") + strerror(errno));
-    return 1;
+    return -1;
   }
   prctl(PR_SET_CHILD_SUBREAPER, 1);  // orphaned grandchildren come to us to be reaped
-  if (isatty(STDOUT_FILENO)) status_line.enable();
-  Supervisor supervisor(opt, signal_fd);
-  supervisor.start(opt, original_mask);
-  return supervisor.run();
+  if (isatty(STDOUT_FILENO)) enable_status_line();
+  return signal_fd;
 }
 
-void say(const std::string& message) {
-  status_line.erase();
-  write_all(STDERR_FILENO, "fsdpp-run: " + message + "\n");
-  status_line.draw();
+AttemptEnd run_attempt(const Options& options, const Attempt& attempt, int signal_fd, const sigset_t& original_mask) {
+  Supervisor supervisor(options, signal_fd);
+  supervisor.start(options, attempt, original_mask);
+  return supervisor.run();
 }
 
 }  // namespace fsdpp_run

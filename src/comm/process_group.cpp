@@ -21,6 +21,7 @@
 #include "comm/nccl_contract_backend.h"
 #include "comm/local_address.h"
 #include "comm/process_group_impl.h"
+#include "comm/store_socket.h"
 #include "compat/cuda_runtime.h"
 #include "compat/tcp_store_options.h"
 #include "profiler/timeline.h"
@@ -94,10 +95,6 @@ int parse_port(const std::string& text, const std::string& source) {
   if (text.empty() || *end != '\0' || port < 1 || port > 65535)
     throw Error(source + "='" + text + "' is not a valid TCP port (1-65535)");
   return static_cast<int>(port);
-}
-
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
 // One Gloo device per process, shared by all groups (as PyTorch does). Without
@@ -215,7 +212,7 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o, std::chrono::millisecond
   } else {
     throw Error("init_method '" + o.init_method() + "' is not env://, tcp://host:port or file:///path");
   }
-  r.local_only = is_loopback(host);
+  r.local_only = detail::is_loopback(host);
   r.master_host = host;
   r.description = "tcp://" + host + ":" + std::to_string(port);
   // Under torchrun the agent already serves the store on MASTER_PORT: every rank is a client,
@@ -230,6 +227,8 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o, std::chrono::millisecond
   // missing ones; the store's own wait would spend a whole timeout first and name nobody.
   store_options.waitWorkers = false;
   store_options.timeout = timeout;
+  if (store_options.isServer)
+    store_options.masterListenFd = detail::store_listen_socket(host, port, o.init_method() == "env://");
   try {
     r.store = c10::make_intrusive<c10d::TCPStore>(host, store_options);
     if (use_agent_store) {

@@ -472,6 +472,99 @@ TEST_F(Launcher, RanksDieWhenLauncherIsKilled) {
   EXPECT_EQ(survivors(pids("pid", {0, 1}), 2.0), std::vector<pid_t>{});
 }
 
+// ---------------------------------------------------------------- restarts
+
+// Occurrences of `part` in `text`.
+int count_of(const std::string& text, const std::string& part) {
+  int n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+TEST_F(Launcher, RestartsAllRanksAfterAFailure) {
+  // Attempt 0: rank 1 fails once rank 0 is up. Attempt 1: both succeed.
+  auto script = "echo \"attempt $TORCHELASTIC_RESTART_COUNT $FSDPP_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS\"; " +
+                publish("pid$FSDPP_RESTART_COUNT", "$$") +
+                "if [ $FSDPP_RESTART_COUNT = 0 ]; then if [ $RANK = 1 ]; then " + await("pid0", {0}) +
+                "exit 3; fi; exec sleep 60; fi; exit 0";
+  Outcome o = run({"--nproc-per-node", "2", "--max-restarts", "2"}, script);
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(count_of(o.out, "attempt 0 0 of 2"), 2) << o.out;
+  EXPECT_EQ(count_of(o.out, "attempt 1 1 of 2"), 2) << o.out;
+  EXPECT_EQ(count_of(o.out, "attempt 2"), 0) << o.out;
+  EXPECT_TRUE(contains(o.err, "attempt 1 of 3 ended (rank 1 (pid ")) << o.err;
+  EXPECT_TRUE(contains(o.err, "exited with code 3); restarting all ranks (restart 1 of 2)")) << o.err;
+  EXPECT_TRUE(contains(o.err, "summary: attempt 2 of 3: all ranks exited with code 0 (exit code 0)")) << o.err;
+  // Attempt 0's sleeping rank 0 was stopped before attempt 1 began.
+  EXPECT_EQ(survivors(pids("pid0", {0, 1}), 0), std::vector<pid_t>{});
+}
+
+TEST_F(Launcher, SpentRestartBudgetEndsWithTheLastFailureAndAnAccountOfEveryAttempt) {
+  Outcome o = run({"--nproc-per-node", "2", "--max-restarts", "2"},
+                  "if [ $RANK = 0 ]; then exit $((10 + FSDPP_RESTART_COUNT)); fi; exec sleep 60");
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 12) << o.err;
+  EXPECT_TRUE(contains(o.err, "not restarted: no restarts left (--max-restarts 2)")) << o.err;
+  for (const char* line : {"summary: attempt 1 of 3: rank 0 (pid ", "exited with code 10 (exit code 10)",
+                           "summary: attempt 2 of 3: rank 0 (pid ", "exited with code 11 (exit code 11)",
+                           "summary: attempt 3 of 3: rank 0 (pid ", "exited with code 12 (exit code 12)"})
+    EXPECT_TRUE(contains(o.err, line)) << line << " missing from:\n" << o.err;
+}
+
+TEST_F(Launcher, UsageErrorsAndPreemptedRanksAreNotRestarted) {
+  Outcome usage = run({"--nproc-per-node", "2", "--max-restarts", "3"},
+                      "echo ran; if [ $RANK = 1 ]; then exit 2; fi; exec sleep 60");
+  ASSERT_FALSE(usage.timed_out);
+  EXPECT_EQ(usage.exit_code, 2);
+  EXPECT_EQ(count_of(usage.out, "]: ran\n"), 2) << usage.out;  // one attempt only
+  EXPECT_TRUE(contains(usage.err, "not restarted: exit code 2 is a usage error")) << usage.err;
+
+  // A rank preempted on its own (srun signals every task) saved its state: the others get the
+  // signal grace to do the same, and the job ends with the preempted code, unrestarted.
+  Outcome preempted = run({"--nproc-per-node", "2", "--max-restarts", "3"},
+                          "echo ran; if [ $RANK = 1 ]; then exit 75; fi; sleep 0.5; exit 75");
+  ASSERT_FALSE(preempted.timed_out);
+  EXPECT_EQ(preempted.exit_code, 75) << preempted.err;
+  EXPECT_EQ(count_of(preempted.out, "]: ran\n"), 2) << preempted.out;
+  EXPECT_TRUE(contains(preempted.err, "the other ranks get 30 s to do the same")) << preempted.err;
+  EXPECT_FALSE(contains(preempted.err, "SIGKILL")) << preempted.err;
+}
+
+TEST_F(Launcher, SigtermGivesRanksTheSignalGraceAndPreemptedRanksGiveCode75) {
+  // Each rank takes a second to "save" after SIGTERM, longer than --kill-grace-seconds.
+  auto script = "trap 'sleep 1; exit 75' TERM; sleep 60 & " + publish("pid", "$$") + "wait; exit 1";
+  auto launcher = start({"--nproc-per-node", "2", "--kill-grace-seconds", "0.2", "--max-restarts", "1"}, script);
+  ASSERT_TRUE(wait_for("pid", {0, 1}));
+  kill(launcher->pid(), SIGTERM);
+  Outcome o = launcher->finish();
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 75) << o.err;
+  EXPECT_TRUE(contains(o.err, "forwarding it to all ranks (SIGKILL in 30 s)")) << o.err;
+  EXPECT_TRUE(contains(o.err, "not restarted: fsdpp-run was told to stop")) << o.err;
+}
+
+TEST_F(Launcher, SingleNodeStoreListensOnAFreeLoopbackPortHandedToRankZero) {
+  // Rank 0 holds the launcher's listening socket; /proc/net/tcp shows it bound to 127.0.0.1
+  // (0100007F) and listening (state 0A).
+  auto script = std::string("if [ $RANK = 0 ]; then [ -e /proc/$$/fd/$FSDPP_STORE_LISTEN_FD ] && echo fd; ") +
+                "grep -i \" 0100007F:$(printf %04X $MASTER_PORT) 00000000:0000 0A \" /proc/net/tcp >/dev/null && "
+                "echo loopback; else echo \"fd=${FSDPP_STORE_LISTEN_FD:-none}\"; fi; echo port=$MASTER_PORT";
+  auto first = start({"--nproc-per-node", "2"}, script + "; sleep 0.5");
+  auto second = start({"--nproc-per-node", "2"}, script);
+  Outcome a = first->finish(), b = second->finish();
+  for (const Outcome* o : {&a, &b}) {
+    ASSERT_FALSE(o->timed_out);
+    EXPECT_EQ(o->exit_code, 0) << o->err;
+    EXPECT_TRUE(contains(o->out, "[rank0]: fd\n")) << o->out;
+    EXPECT_TRUE(contains(o->out, "[rank0]: loopback\n")) << o->out;
+    EXPECT_TRUE(contains(o->out, "[rank1]: fd=none\n")) << o->out;
+    EXPECT_FALSE(contains(o->out, "port=29500")) << o->out;
+  }
+  const auto port_of = [](const std::string& out) { return out.substr(out.find("[rank0]: port=")); };
+  EXPECT_NE(port_of(a.out).substr(0, 20), port_of(b.out).substr(0, 20)) << "two jobs at once share a port";
+}
+
 // ---------------------------------------------------------------- bad input
 
 TEST_F(Launcher, MissingProgramIsNamed) {
@@ -516,7 +609,8 @@ TEST_F(Launcher, HelpDocumentsEveryOption) {
   Outcome o = Launched({FSDPP_RUN_PATH, "--help"}, {}).finish();
   EXPECT_EQ(o.exit_code, 0);
   for (const char* flag : {"--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
-                           "--master-port", "--kill-grace-seconds", "--nproc_per_node"})
+                           "--master-port", "--kill-grace-seconds", "--nproc_per_node", "--max-restarts",
+                           "--signal-grace-seconds", "TORCHELASTIC_RESTART_COUNT"})
     EXPECT_TRUE(contains(o.out, flag)) << flag << " missing from:\n" << o.out;
 }
 

@@ -1,0 +1,120 @@
+// An fsdpp-run job: attempts of all ranks, restarted after a failure up to --max-restarts
+// times (torchrun's flag: a budget for the job, every rank restarted together), and the
+// single-node store's loopback socket each attempt serves on.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "launcher.h"
+
+namespace fsdpp_run {
+namespace {
+
+// A socket listening on 127.0.0.1 at a port the kernel picks: nothing another machine can reach,
+// and never a port another job holds (torchrun's --standalone picks a free port too, but then
+// lets it go before the ranks bind it). Rank 0's store serves on it. Returns -1 with errno set.
+int listen_on_free_loopback_port(int& port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(fd, SOMAXCONN) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int error = errno;
+    close(fd);
+    errno = error;
+    return -1;
+  }
+  port = ntohs(addr.sin_port);
+  return fd;
+}
+
+// Why a restart cannot help an attempt that ended so, or "" when it may.
+std::string why_not_restarted(const AttemptEnd& end) {
+  if (end.forwarded_signal != 0) return "fsdpp-run was told to stop";
+  switch (end.exit_code) {
+    case kUsageErrorExitCode:
+      return "exit code " + std::to_string(kUsageErrorExitCode) + " is a usage error (a bad flag or a missing file)";
+    case kCannotExecuteExitCode:
+    case kNotFoundExitCode:
+      return "the program cannot be executed";
+    case kPreemptedExitCode:
+      return "the ranks were preempted and saved their state (exit code " + std::to_string(kPreemptedExitCode) +
+             "): the scheduler restarts or requeues the job";
+    default:
+      return "";
+  }
+}
+
+// A SIGINT or SIGTERM that came while no ranks ran; reaps leftovers' SIGCHLDs on the way.
+int pending_stop_signal(int signal_fd) {
+  signalfd_siginfo info;
+  int stop = 0;
+  while (read(signal_fd, &info, sizeof info) == static_cast<ssize_t>(sizeof info))
+    if (info.ssi_signo != SIGCHLD) stop = static_cast<int>(info.ssi_signo);
+  while (waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+  return stop;
+}
+
+// "attempt 1 of 3" when restarts are allowed, "the job" otherwise.
+std::string attempt_name(int number, const Options& o) {
+  return "attempt " + std::to_string(number + 1) + " of " + std::to_string(o.max_restarts + 1);
+}
+
+}  // namespace
+
+int run_job(const Options& options) {
+  sigset_t original_mask;
+  const int signal_fd = start_supervising(original_mask);
+  if (signal_fd < 0) return 1;
+  // Only a single-node job meets on loopback; nodes meet at --master-addr:--master-port.
+  const bool own_port = options.nnodes == 1 && !options.master_port_given;
+  std::vector<AttemptEnd> ends;
+  for (int number = 0;; ++number) {
+    Attempt attempt{number, options.master_port, -1};
+    // A fresh socket per attempt: nothing a dead attempt's rank left queued reaches the next one.
+    if (own_port && (attempt.store_listen_fd = listen_on_free_loopback_port(attempt.master_port)) < 0) {
+      say(std::string("cannot listen on a free port of 127.0.0.1 for the job's store: ") + strerror(errno));
+      return 1;
+    }
+    ends.push_back(run_attempt(options, attempt, signal_fd, original_mask));
+    if (attempt.store_listen_fd >= 0) close(attempt.store_listen_fd);
+    const AttemptEnd& end = ends.back();
+    if (end.exit_code == 0) break;
+    std::string why_not = why_not_restarted(end);
+    if (why_not.empty() && number == options.max_restarts && options.max_restarts > 0)
+      why_not = "no restarts left (--max-restarts " + std::to_string(options.max_restarts) + ")";
+    if (why_not.empty() && options.max_restarts == 0) break;  // restarts were not asked for
+    if (why_not.empty()) {
+      if (const int sig = pending_stop_signal(signal_fd)) {
+        ends.back().forwarded_signal = sig;
+        why_not = "fsdpp-run was told to stop";
+      }
+    }
+    if (!why_not.empty()) {
+      say(attempt_name(number, options) + " ended (" + end.reason + "); not restarted: " + why_not);
+      break;
+    }
+    say(attempt_name(number, options) + " ended (" + end.reason + "); restarting all ranks (restart " +
+        std::to_string(number + 1) + " of " + std::to_string(options.max_restarts) + ")");
+  }
+  if (options.max_restarts > 0)
+    for (size_t i = 0; i < ends.size(); ++i)
+      say("summary: " + attempt_name(static_cast<int>(i), options) + ": " + ends[i].reason + " (exit code " +
+          std::to_string(ends[i].exit_code) + ")");
+  return ends.back().exit_code;
+}
+
+}  // namespace fsdpp_run
