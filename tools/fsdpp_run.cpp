@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include <climits>
+#include <stdexcept>
 #include <sstream>
 #include <string>
 
@@ -69,17 +70,19 @@ int parse_options(int argc, char** argv, Options& opt) {
   app.add_option("--nproc-per-node,--nproc_per_node", opt.nproc_per_node,
                  "Processes (ranks) to start on this node")
       ->capture_default_str();
-  app.add_option("--nnodes", opt.nnodes, "Number of nodes in the job")
-      ->capture_default_str();
-  app.add_option("--node-rank,--node_rank", opt.node_rank,
-                 "Rank of this node, in [0, nnodes)")
-      ->capture_default_str();
-  app.add_option("--master-addr,--master_addr", opt.master_addr,
-                 "Address of the rank 0 node (MASTER_ADDR)")
-      ->capture_default_str();
+  auto* nnodes = app.add_option("--nnodes", opt.nnodes, "Number of nodes in the job (in an srun step: SLURM_NNODES)")
+                     ->capture_default_str();
+  auto* node_rank = app.add_option("--node-rank,--node_rank", opt.node_rank,
+                                   "Rank of this node, in [0, nnodes) (in an srun step: SLURM_NODEID)")
+                        ->capture_default_str();
+  auto* master_addr = app.add_option("--master-addr,--master_addr", opt.master_addr,
+                                     "Address of the rank 0 node (MASTER_ADDR; in an srun step: the first host of "
+                                     "SLURM_JOB_NODELIST)")
+                          ->capture_default_str();
   auto* master_port = app.add_option("--master-port,--master_port", opt.master_port,
                                      "Port of the rendezvous store on the rank 0 node (MASTER_PORT); "
-                                     "default for one node: a free port of 127.0.0.1")
+                                     "default for one node: a free port of 127.0.0.1; in a multi-node srun step: "
+                                     "15000 + the last 4 digits of SLURM_JOB_ID")
                            ->capture_default_str();
   app.add_option("--max-restarts,--max_restarts", opt.max_restarts,
                  "Times the job's ranks are all started again after a failure")
@@ -105,6 +108,9 @@ int parse_options(int argc, char** argv, Options& opt) {
   }
   opt.exit_wait_given = exit_wait->count() > 0;
   opt.master_port_given = master_port->count() > 0;
+  opt.nnodes_given = nnodes->count() > 0;
+  opt.node_rank_given = node_rank->count() > 0;
+  opt.master_addr_given = master_addr->count() > 0;
   // Unknown options land here too, ahead of the program; after "--" anything goes.
   opt.command = app.remaining();
   if (!opt.command.empty() && opt.command.front() == "--") {
@@ -152,6 +158,12 @@ std::string validate(const Options& o) {
 int main(int argc, char** argv) {
   Options opt;
   if (int code = parse_options(argc, argv, opt); code >= 0) return code;
+  try {
+    if (std::string line = fsdpp_run::adopt_slurm_allocation(opt); !line.empty()) say(line);
+  } catch (const std::invalid_argument& e) {
+    say(e.what());
+    return kUsageError;
+  }
   if (std::string error = validate(opt); !error.empty()) {
     say(error);
     return kUsageError;

@@ -15,6 +15,7 @@ struct Options {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   bool master_port_given = false;    // else a single-node job serves its store on a free loopback port
+  bool nnodes_given = false, node_rank_given = false, master_addr_given = false;  // else Slurm's, if any
   int max_restarts = 0;              // restarts of all ranks after a failure, per job (torchrun's flag)
   double signal_grace_seconds = 30;  // after a forwarded SIGINT/SIGTERM, before SIGKILL (torchrun's 30 s)
   double kill_grace_seconds = 3.0;
@@ -45,6 +46,12 @@ struct AttemptEnd {
   std::string reason;        // "rank 1 (pid 123) was killed by SIGKILL", "all ranks exited with code 0"
   int forwarded_signal = 0;  // a SIGINT/SIGTERM the launcher received and passed on: the job ends
 };
+
+// Inside an srun step of a Slurm job, sets the nodes, this node's rank and the store's address
+// (the first host; the port from the job id) from SLURM_* unless --nnodes, --node-rank or
+// --master-addr was given. Returns a line saying so ("" outside Slurm); throws
+// std::invalid_argument naming the variable or the misuse (several tasks per node).
+std::string adopt_slurm_allocation(Options& options);
 
 // The launcher's own messages, one line each on stderr.
 void say(const std::string& message);

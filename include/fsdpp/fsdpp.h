@@ -21,6 +21,7 @@
 #include <fsdpp/process_group.h>
 #include <fsdpp/profiler.h>
 #include <fsdpp/sharded_tensor.h>
+#include <fsdpp/slurm_environment.h>
 #include <fsdpp/state_dict_container.h>
 #include <fsdpp/state_dict.h>
 #include <fsdpp/summary_writer.h>

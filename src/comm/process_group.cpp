@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <fsdpp/error.h>
+#include <fsdpp/slurm_environment.h>
 
 #include "comm/error_message.h"
 #include "comm/fake_backend.h"
@@ -184,6 +185,7 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o, std::chrono::millisecond
   Rendezvous r;
   const std::string env_why = "init_method env:// needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as torchrun sets them";
   const bool from_env = !o.store() && o.init_method() == "env://";
+  if (from_env && o.rank() < 0 && o.world_size() < 0) use_slurm_environment();  // srun started the ranks
   resolve_rank(o, from_env || o.store(), env_why, r);
 
   if (o.store()) {

@@ -229,8 +229,8 @@ class Launcher : public ::testing::Test {
   }
 
   // Runs the launcher with bad `flags`; checks the program never started.
-  Outcome run_refused(const std::vector<std::string>& flags) {
-    Outcome o = run(flags, "touch \"$D/ran.$RANK\"");
+  Outcome run_refused(const std::vector<std::string>& flags, std::vector<std::string> env = {}) {
+    Outcome o = run(flags, "touch \"$D/ran.$RANK\"", std::move(env));
     EXPECT_FALSE(o.timed_out);
     EXPECT_TRUE(fs::is_empty(dir_)) << "a rank ran despite " << ::testing::PrintToString(flags);
     return o;
@@ -563,6 +563,44 @@ TEST_F(Launcher, SingleNodeStoreListensOnAFreeLoopbackPortHandedToRankZero) {
   }
   const auto port_of = [](const std::string& out) { return out.substr(out.find("[rank0]: port=")); };
   EXPECT_NE(port_of(a.out).substr(0, 20), port_of(b.out).substr(0, 20)) << "two jobs at once share a port";
+}
+
+// ---------------------------------------------------------------- Slurm
+
+// What srun sets for one task per node of a two-node step (node 1's task here).
+std::vector<std::string> slurm_step_env(const std::string& ntasks = "2") {
+  return {"SLURM_JOB_ID=123456", "SLURM_STEP_ID=0", "SLURM_JOB_NODELIST=node[07-08]", "SLURM_NNODES=2",
+          "SLURM_NODEID=1", "SLURM_NTASKS=" + ntasks, "SLURM_PROCID=1", "SLURM_LOCALID=0"};
+}
+
+TEST_F(Launcher, InAnSrunStepTheJobComesFromSlurm) {
+  Outcome o = run({"--nproc-per-node", "2"}, "echo \"$RANK $WORLD_SIZE $GROUP_RANK $MASTER_ADDR $MASTER_PORT\"",
+                  slurm_step_env());
+  ASSERT_FALSE(o.timed_out);
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  auto lines = lines_of(o.out);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines, (std::vector<std::string>{"[rank2]: 2 4 1 node07 18456", "[rank3]: 3 4 1 node07 18456"}));
+  EXPECT_TRUE(contains(o.err, "Slurm job 123456: node 1 of 2, the store at node07:18456")) << o.err;
+  // The user's flags rule.
+  Outcome own = run({"--nproc-per-node", "1", "--nnodes", "1"}, "echo $WORLD_SIZE $MASTER_ADDR", slurm_step_env());
+  EXPECT_EQ(own.out, "[rank0]: 1 127.0.0.1\n") << own.err;
+}
+
+TEST_F(Launcher, SlurmMisuseIsNamed) {
+  Outcome per_rank = run_refused({"--nproc-per-node", "2"}, slurm_step_env("4"));
+  EXPECT_EQ(per_rank.exit_code, 2);
+  EXPECT_TRUE(contains(per_rank.err, "this Slurm step runs 4 tasks on 2 nodes")) << per_rank.err;
+  std::vector<std::string> batch = slurm_step_env();
+  batch.erase(batch.begin() + 1);  // no SLURM_STEP_ID: the batch script itself
+  Outcome in_batch = run_refused({"--nproc-per-node", "2"}, batch);
+  EXPECT_EQ(in_batch.exit_code, 2);
+  EXPECT_TRUE(contains(in_batch.err, "srun --ntasks-per-node=1 fsdpp-run")) << in_batch.err;
+  std::vector<std::string> broken = slurm_step_env();
+  broken[2] = "SLURM_JOB_NODELIST=node[07-";
+  Outcome bad_list = run_refused({"--nproc-per-node", "2"}, broken);
+  EXPECT_EQ(bad_list.exit_code, 2);
+  EXPECT_TRUE(contains(bad_list.err, "SLURM_JOB_NODELIST='node[07-' is not a Slurm host list")) << bad_list.err;
 }
 
 // ---------------------------------------------------------------- bad input

@@ -9,6 +9,11 @@
 #   kill-node1    once every rank trains, node 1's launcher is SIGKILLed (its ranks die with it):
 #                 node 0 must exit non-zero within 20 s
 #   missing-node  node 1 never starts: node 0 (--timeout 5) fails within 20 s naming ranks 2, 3
+#   slurm-launcher  as srun --ntasks-per-node=1 fsdpp-run in a 2-node allocation: each node's
+#                 launcher gets only the SLURM_* variables srun sets (the node list as addresses,
+#                 no --nnodes, --node-rank, --master-addr or --master-port), and the job trains
+#   slurm-direct  as srun --ntasks-per-node=2 train_transformer: four ranks, no launcher, each with
+#                 SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, ...; init_process_group forms the job
 # Needs root and iproute2 (exit 77, a skip, otherwise). The namespaces are removed whatever
 # happens; every wait has a deadline.
 set -u
@@ -78,6 +83,11 @@ alive() {
   return 1
 }
 
+# slurm_env NODE: what srun sets in every task of a 2-node step (the per-task ones come later).
+slurm_env() {
+  echo SLURM_JOB_ID=4242 SLURM_STEP_ID=0 SLURM_JOB_NODELIST=10.231.7.[1-2] SLURM_NNODES=2 SLURM_NODEID=$1
+}
+
 show() { for r in 0 1; do [ -f "$work/node$r.log" ] && sed "s/^/node$r: /" "$work/node$r.log"; done; }
 fail() { show; echo "two_nodes: FAILED: $*"; exit 1; }
 
@@ -120,6 +130,40 @@ case $scenario in
     grep -q "rank(s) \[2, 3\] did not arrive" "$work/node0.log" || fail "ranks 2 and 3 not named"
     show | grep -E "did not arrive" | head -2
     echo "two_nodes: node 0 alone ended with exit code $c0 after $took s" ;;
+  slurm-launcher)
+    for r in 0 1; do
+      ns=$n0
+      [ "$r" -eq 1 ] && ns=$n1
+      # shellcheck disable=SC2046
+      nsenter --net="/run/netns/$ns" env OPENBLAS_NUM_THREADS=1 $(slurm_env $r) SLURM_NTASKS=2 SLURM_PROCID=$r \
+        SLURM_LOCALID=0 "$run" --nproc-per-node 2 --timeout "$timeout" "$transformer" >"$work/node$r.log" 2>&1 &
+      echo $! >"$work/launcher.$r"
+    done
+    await "$(cat "$work/launcher.0")" 240; c0=$?
+    await "$(cat "$work/launcher.1")" 30; c1=$?
+    [ $c0 -eq 0 ] && [ $c1 -eq 0 ] || fail "exit codes $c0 (node 0), $c1 (node 1)"
+    grep -q "Slurm job 4242: node 1 of 2, the store at 10.231.7.1:19242" "$work/node1.log" || fail "no Slurm line"
+    grep -q "OK: 20 steps; FSDP losses equal single-process training" "$work/node0.log" || fail "no parity line"
+    grep -q "1/N = 0.250" "$work/node0.log" || fail "not one world of 4 ranks"
+    show | grep -E "Slurm job|OK:" ;;
+  slurm-direct)
+    for p in 0 1 2 3; do
+      r=$((p / 2)) ns=$n0
+      [ "$r" -eq 1 ] && ns=$n1
+      # shellcheck disable=SC2046
+      nsenter --net="/run/netns/$ns" env -u RANK -u WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT OPENBLAS_NUM_THREADS=1 \
+        OMP_NUM_THREADS=1 FSDPP_TIMEOUT_SECONDS=$timeout $(slurm_env $r) SLURM_NTASKS=4 SLURM_PROCID=$p \
+        SLURM_LOCALID=$((p % 2)) SLURM_TASKS_PER_NODE="2(x2)" "$transformer" >"$work/task$p.log" 2>&1 &
+      echo $! >"$work/pid.$p"
+    done
+    for p in 0 1 2 3; do
+      await "$(cat "$work/pid.$p")" 240; c=$?
+      [ $c -eq 0 ] || { cat "$work"/task?.log; fail "task $p exited with code $c"; }
+    done
+    grep -q "OK: 20 steps; FSDP losses equal single-process training" "$work/task0.log" ||
+      { cat "$work"/task?.log; fail "no parity line"; }
+    grep -q "1/N = 0.250" "$work/task0.log" || { cat "$work"/task?.log; fail "not one world of 4 ranks"; }
+    grep -h -E "OK:|1/N" "$work/task0.log" ;;
   *) echo "two_nodes: unknown scenario $scenario"; exit 2 ;;
 esac
 echo "two_nodes: $scenario passed"
