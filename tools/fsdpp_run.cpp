@@ -146,6 +146,9 @@ std::string validate(const Options& o) {
     return "--signal-grace-seconds must be in [0, 86400]" + got(o.signal_grace_seconds);
   if (o.max_restarts < 0 || o.max_restarts > 1000000)
     return "--max-restarts must be in [0, 1000000]" + got(o.max_restarts);
+  if (o.max_restarts > 0 && o.nnodes > 1)
+    return "--max-restarts restarts a single-node job: the launchers of " + std::to_string(o.nnodes) +
+           " nodes cannot agree on a restart (no elastic rendezvous yet); let the scheduler requeue the job";
   if (!(o.timeout_seconds >= 0 && o.timeout_seconds <= 1e7))
     return "--timeout must be in [0, 1e7] seconds (0: the program's own)" + got(o.timeout_seconds);
   if (!(o.exit_wait_seconds >= 0 && o.exit_wait_seconds <= 1e7))

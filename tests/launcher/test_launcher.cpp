@@ -514,7 +514,8 @@ TEST_F(Launcher, SpentRestartBudgetEndsWithTheLastFailureAndAnAccountOfEveryAtte
 
 TEST_F(Launcher, UsageErrorsAndPreemptedRanksAreNotRestarted) {
   Outcome usage = run({"--nproc-per-node", "2", "--max-restarts", "3"},
-                      "echo ran; if [ $RANK = 1 ]; then exit 2; fi; exec sleep 60");
+                      "echo ran; " + publish("ran", "1") + "if [ $RANK = 1 ]; then " + await("ran", {0}) +
+                          "exit 2; fi; exec sleep 60");
   ASSERT_FALSE(usage.timed_out);
   EXPECT_EQ(usage.exit_code, 2);
   EXPECT_EQ(count_of(usage.out, "]: ran\n"), 2) << usage.out;  // one attempt only
@@ -635,6 +636,12 @@ TEST_F(Launcher, RejectsInvalidPort) {
   Outcome p = run_refused({"--master-port", "http"});
   EXPECT_EQ(p.exit_code, 2);
   EXPECT_TRUE(contains(p.err, "http")) << p.err;
+}
+
+TEST_F(Launcher, RejectsRestartsAcrossNodes) {
+  Outcome o = run_refused({"--nnodes", "2", "--max-restarts", "1"});
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_TRUE(contains(o.err, "--max-restarts restarts a single-node job")) << o.err;
 }
 
 TEST_F(Launcher, RejectsUnknownOption) {
