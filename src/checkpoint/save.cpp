@@ -5,7 +5,9 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <future>
@@ -18,6 +20,7 @@
 #include <fsdpp/checkpoint.h>
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
+#include <fsdpp/memory.h>
 
 #include "checkpoint/comm.h"
 #include "checkpoint/file_io.h"
@@ -25,6 +28,7 @@
 #include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/save_plan.h"
+#include "comm/error_message.h"
 
 namespace fsdpp::checkpoint {
 
@@ -172,7 +176,7 @@ void write_and_commit(const Job& job) {
   try {
     sums = write_data(job);
   } catch (const std::exception& e) {
-    result = e.what();
+    result = fsdpp::detail::message_without_backtrace(e);
   }
   const auto all = job.comm.all_gather(json({{"error", result}, {"sums", sums}}).dump());
   std::string errors;
@@ -254,8 +258,56 @@ struct SaveHandle::Impl {
   std::shared_future<void> future;
 };
 
+namespace {
+
+// Why this rank's staged copy would not fit its memory limit beside its peak since the last
+// reset (training needs that much again while the copy is written), or "" when it fits.
+std::string staged_copy_does_not_fit(const State& state, int rank) {
+  const int64_t limit = memory_limit();
+  if (limit <= 0) return "";
+  int64_t copy = 0;
+  for (const auto& [key, e] : state) {
+    if (e.kind() == Entry::Kind::kTensor) copy += static_cast<int64_t>(e.tensor().nbytes());
+    if (e.kind() == Entry::Kind::kSharded)
+      for (const auto& shard : e.shards()) copy += static_cast<int64_t>(shard.tensor.nbytes());
+  }
+  const MemoryStats now = memory_stats();
+  const int64_t in_use = std::max(now.current_bytes, now.peak_bytes);
+  if (in_use + copy <= limit) return "";
+  auto mib = [](int64_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / 1048576.0);
+    return std::string(text);
+  };
+  return "rank " + std::to_string(rank) + "'s staged copy (" + mib(copy) + ") does not fit beside its peak of " +
+         mib(in_use) + " under its memory limit of " + mib(limit);
+}
+
+}  // namespace
+
 SaveHandle async_save(const State& state, const std::string& dir, const SaveOptions& options) {
   wait_for_pending();
+  // A staged copy that does not fit would end the run it is meant to keep: every rank then saves
+  // now, synchronously and straight from its own tensors (no copy), and rank 0 says so.
+  const Comm comm = Comm::of(options.process_group(), "checkpoint::async_save");
+  std::string why;
+  for (const std::string& verdict : comm.all_gather(staged_copy_does_not_fit(state, comm.rank)))
+    if (why.empty()) why = verdict;
+  if (!why.empty()) {
+    if (comm.rank == 0)
+      std::fprintf(stderr, "fsdpp: checkpoint::async_save to %s: %s; saving synchronously, without a copy\n",
+                   dir.c_str(), why.c_str());
+    std::promise<void> done;
+    try {
+      save(state, dir, options);
+      done.set_value();
+    } catch (...) {
+      done.set_exception(std::current_exception());
+    }
+    auto impl = std::make_shared<SaveHandle::Impl>();
+    impl->future = done.get_future().share();
+    return SaveHandle(impl);
+  }
   auto job = std::make_shared<Job>(prepare(state, dir, options, /*clone=*/true));
   // The background writer talks on its own group, so its collectives never interleave with
   // the ones training issues meanwhile.

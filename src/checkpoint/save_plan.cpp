@@ -1,6 +1,8 @@
 // The save plan: staging this rank's state, and the plan every rank derives from all of them.
 #include "checkpoint/save_plan.h"
 
+#include "comm/error_message.h"
+
 #include <nlohmann/json.hpp>
 
 #include <fsdpp/error.h>
@@ -55,7 +57,7 @@ Staged stage(const State& state, bool clone) {
       }
     }
   } catch (const std::exception& e) {
-    s.error = e.what();
+    s.error = fsdpp::detail::message_without_backtrace(e);  // an out-of-memory error from c10 carries one
   }
   return s;
 }

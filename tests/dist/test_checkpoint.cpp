@@ -518,6 +518,46 @@ TEST(Checkpoint, AsyncSave) {
   });
 }
 
+// async_save whose staged copy would not fit the memory limit: it saves synchronously from the
+// tensors themselves, under the limit, and the checkpoint is whole. (Staging as usual would
+// throw c10::OutOfMemoryError: the copy alone is past the limit.)
+TEST(Checkpoint, AsyncSaveThatWouldNotFitSavesSynchronouslyWithoutACopy) {
+  testing::run_ranks(2, [](RankContext& ctx) {
+    const auto ref = reference();
+    ckpt::State state = state_for(ref, 2, ctx.rank, true);
+    // A copy large beside the save's own small buffers (its plan, its metadata).
+    const at::Tensor big = at::arange(1 << 18, at::kFloat);
+    state["big"] = big;
+    int64_t tensor_bytes = 0;
+    for (const auto& [key, e] : state) {
+      if (e.kind() == ckpt::Entry::Kind::kTensor) tensor_bytes += static_cast<int64_t>(e.tensor().nbytes());
+      if (e.kind() == ckpt::Entry::Kind::kSharded) tensor_bytes += static_cast<int64_t>(e.shards()[0].tensor.nbytes());
+    }
+    empty_cache();
+    reset_peak_memory_stats();
+    set_memory_limit(memory_stats().current_bytes + tensor_bytes / 2);
+    std::string error;
+    ckpt::SaveHandle handle;
+    try {
+      handle = ckpt::async_save(state, ctx.temp_dir + "/a");
+    } catch (const c10::Error& e) {
+      error = e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    const bool done_at_return = handle.done();
+    set_memory_limit(0);
+    ASSERT_EQ(error, "");
+    EXPECT_TRUE(done_at_return) << "a save that does not fit beside training is not left running";
+    handle.wait();
+    ckpt::State loaded = state_for(ref, 2, ctx.rank, false);
+    loaded["big"] = at::zeros({1 << 18});
+    ckpt::load(loaded, ctx.temp_dir + "/a");
+    expect_state(loaded, ref, "async save past the limit");
+    EXPECT_TRUE(at::equal(loaded.at("big").tensor(), big));
+  });
+}
+
 // SIGKILL between the data files and the metadata: the previous checkpoint at the same path is
 // still there and loadable, and what the killed save left is recognisably incomplete.
 TEST(Checkpoint, KilledSaveLeavesPreviousCheckpoint) {
