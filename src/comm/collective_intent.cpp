@@ -11,6 +11,7 @@
 #include <fsdpp/error.h>
 
 #include "comm/process_group_impl.h"
+#include "memory/out_of_memory_record.h"
 
 namespace fsdpp::detail {
 namespace {
@@ -40,22 +41,55 @@ std::vector<at::Tensor> exchange(const ProcessGroupImpl& g, const std::vector<in
   return outputs[0];
 }
 
+// Behind each rank's intent: whether it ran out of memory since its previous collective, and
+// the bytes of that error. A rank whose work ended in an out-of-memory error comes to its next
+// collective (a barrier, a cleanup) while its peers wait in the one it never reached: they then
+// fail with the same kind of error, naming that rank, not with a disagreement about collectives.
+enum OutOfMemoryField { kRecent, kAsked, kInUse, kLimit, kOutOfMemoryFields };
+
+std::vector<int64_t> out_of_memory_fields() {
+  static thread_local int64_t seen = 0;  // one comm thread per group; each learns once
+  const OutOfMemoryRecord last = last_out_of_memory();
+  const bool recent = last.count != seen;
+  seen = last.count;
+  return {recent ? 1 : 0, last.asked, last.in_use, last.limit};
+}
+
+[[noreturn]] void throw_peer_out_of_memory(const ProcessGroupImpl& g, const std::vector<at::Tensor>& all,
+                                           const std::string& disagreement) {
+  for (int q = 0; q < g.size(); ++q) {
+    const int64_t* f = all[q].data_ptr<int64_t>() + CollectiveIntent::kFields;
+    if (f[kRecent] == 0) continue;
+    throw c10::OutOfMemoryError(
+        c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+        "rank " + std::to_string(g.ranks[q]) + " of " + g.name + " ran out of memory under fsdpp's memory limit " +
+            "(tried to allocate " + std::to_string(f[kAsked]) + " bytes with " + std::to_string(f[kInUse]) +
+            " bytes in use and a limit of " + std::to_string(f[kLimit]) +
+            " bytes) and left the collective the others wait in (" + disagreement + ")");
+  }
+  throw Error(disagreement);
+}
+
 }  // namespace
 
 const char* collective_name(CollectiveKind kind) { return kKindNames[kind]; }
 
 void check_intent(const ProcessGroupImpl& g, const CollectiveIntent& intent) {
-  auto all = exchange(g, intent.fields);
+  std::vector<int64_t> with_oom = intent.fields;
+  const auto oom = out_of_memory_fields();
+  with_oom.insert(with_oom.end(), oom.begin(), oom.end());
+  auto all = (exchange)(g, with_oom);  // parenthesized: not std::exchange, which ADL would find
+  const auto collective = [&](int r) { return all[r].narrow(0, 0, CollectiveIntent::kFields); };
   std::ostringstream mismatch;
   for (int r = 0; r < g.size(); ++r) {
-    if (!all[r].equal(all[g.rank])) {
+    if (!collective(r).equal(collective(g.rank))) {
       mismatch << "ranks of " << g.name << " disagree on a collective: ";
       for (int q = 0; q < g.size(); ++q) {
-        auto f = all[q];
-        std::vector<int64_t> v(f.data_ptr<int64_t>(), f.data_ptr<int64_t>() + f.numel());
+        const int64_t* f = all[q].data_ptr<int64_t>();
+        std::vector<int64_t> v(f, f + CollectiveIntent::kFields);
         mismatch << (q ? "; " : "") << "rank " << g.ranks[q] << ": " << describe(v);
       }
-      throw Error(mismatch.str());
+      throw_peer_out_of_memory(g, all, mismatch.str());
     }
   }
   if (intent.extra.empty()) return;

@@ -19,6 +19,7 @@
 #include "compat/cpu_allocator.h"
 #include "memory/allocator_caching.h"
 #include "memory/block_cache.h"
+#include "memory/out_of_memory_record.h"
 #include "memory/peak_since_mark.h"
 #include "profiler/timeline.h"
 
@@ -90,10 +91,14 @@ std::string mib(int64_t bytes) {
 // thread, the comm thread, autograd's and OpenMP's may allocate at once).
 std::mutex g_limit_mutex;
 
+// Guarded by g_limit_mutex, as the check that fills it.
+detail::OutOfMemoryRecord g_last_out_of_memory;
+
 // Throws unless `asked` more live bytes stay within `limit`.
 void check_limit(int64_t limit, int64_t asked) {
   const int64_t in_use = g_current.load();
   if (in_use + asked <= limit) return;
+  g_last_out_of_memory = {g_last_out_of_memory.count + 1, asked, in_use, limit};
   throw c10::OutOfMemoryError(
       c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
       "CPU out of memory under fsdpp's memory limit: tried to allocate " + mib(asked) + " (" +
@@ -155,6 +160,10 @@ void reset_peak_memory_stats() { g_peak.store(g_current.load()); }
 namespace detail {
 int64_t peak_bytes_since_mark() { return g_peak_since_mark.load(); }
 void mark_peak_bytes() { g_peak_since_mark.store(g_current.load()); }
+OutOfMemoryRecord last_out_of_memory() {
+  std::lock_guard<std::mutex> lock(g_limit_mutex);
+  return g_last_out_of_memory;
+}
 }  // namespace detail
 
 void set_memory_limit(int64_t bytes) {

@@ -30,5 +30,30 @@ TEST(MemoryLimitFsdp, GatherPastTheLimitNamesTheUnit) {
   });
 }
 
+// One rank runs out of memory and goes on to its next collective (the harness's final barrier);
+// its peer, waiting in an all_reduce that rank never reached, fails with an out-of-memory
+// error naming it and its bytes, not with a disagreement about collectives (what made
+// TrainUnderMemoryLimit's DDP case depend on which rank ran out first).
+TEST(MemoryLimitFsdp, PeerOfARankOutOfMemoryGetsItsError) {
+  run_ranks(2, [](RankContext& ctx) {
+    if (ctx.rank == 1) {
+      set_memory_limit(memory_stats().current_bytes + 1024);
+      EXPECT_THROW(at::empty({1 << 20}), c10::OutOfMemoryError);
+      set_memory_limit(0);
+      return;
+    }
+    std::string what = "no error";
+    try {
+      at::Tensor t = at::ones({4});
+      all_reduce(t, ReduceOp::SUM);
+    } catch (const c10::OutOfMemoryError& e) {
+      what = e.what_without_backtrace();
+    }
+    EXPECT_NE(what.find("rank 1 of world ran out of memory under fsdpp's memory limit (tried to allocate 4194304 bytes"),
+              std::string::npos) << what;
+    EXPECT_NE(what.find("disagree on a collective: rank 0: all_reduce"), std::string::npos) << what;
+  });
+}
+
 }  // namespace
 }  // namespace fsdpp
