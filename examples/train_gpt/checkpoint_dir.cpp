@@ -37,6 +37,27 @@ std::optional<SavedStep> newest_complete_checkpoint(const std::string& root) {
   return all.back();
 }
 
+std::vector<StepFolder> step_folders_newest_first(const std::string& root) {
+  std::vector<StepFolder> found;
+  std::error_code ec;
+  static const std::regex name("step-([0-9]{8})(\\.tmp-.*)?");
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    std::smatch m;
+    const std::string base = entry.path().filename().string();
+    if (!std::regex_match(base, m, name)) continue;
+    StepFolder folder{{std::stoll(m[1].str()), entry.path().string()}, ""};
+    if (m[2].matched) folder.incomplete = "a save that never finished (its staging folder)";
+    else if (!fs::is_regular_file(entry.path() / "metadata.json", ec)) folder.incomplete = "incomplete: no metadata.json";
+    found.push_back(std::move(folder));
+  }
+  std::sort(found.begin(), found.end(), [](const StepFolder& a, const StepFolder& b) {
+    if (a.saved.step != b.saved.step) return a.saved.step > b.saved.step;
+    if (a.incomplete.empty() != b.incomplete.empty()) return a.incomplete.empty();
+    return a.saved.dir < b.saved.dir;
+  });
+  return found;
+}
+
 SavedStep checkpoint_at(const std::string& dir) {
   const fs::path path = fs::path(dir).lexically_normal();
   const fs::path folder = path.filename().empty() ? path.parent_path() : path;

@@ -19,6 +19,14 @@ std::string step_dir(const std::string& root, int64_t step);
 // Complete checkpoints under `root`, oldest first.
 std::vector<SavedStep> complete_checkpoints(const std::string& root);
 std::optional<SavedStep> newest_complete_checkpoint(const std::string& root);
+// Every step folder under `root`, newest first (at one step, the complete folder before staging
+// ones), and for each one that cannot be resumed from, why ("" when it is complete): what
+// --resume tries in turn.
+struct StepFolder {
+  SavedStep saved;
+  std::string incomplete;
+};
+std::vector<StepFolder> step_folders_newest_first(const std::string& root);
 // The complete checkpoint at `dir` (a step-NNNNNNNN folder); throws naming it otherwise.
 SavedStep checkpoint_at(const std::string& dir);
 // What to say when resuming from `failed` threw `error`: the newest older complete checkpoint

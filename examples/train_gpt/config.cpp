@@ -62,9 +62,12 @@ std::vector<Flag> flags(Config& c) {
       {"ckpt-dir", &c.ckpt_dir, false, "where checkpoints go (step-NNNNNNN/ each); empty: none"},
       {"ckpt-every", &c.ckpt_every, false, "steps between checkpoints (saved in the background)"},
       {"keep", &c.keep, false, "complete checkpoints kept"},
-      {"resume", &c.resume, false, "continue from the newest complete checkpoint in --ckpt-dir"},
+      {"resume", &c.resume, false, "continue from the newest checkpoint in --ckpt-dir that loads (incomplete or "
+                                   "damaged ones are skipped, each named)"},
       {"resume-from", &c.resume_from, false, "continue from this checkpoint folder (a step-NNNNNNNN)"},
       {"stop-after", &c.stop_after, false, "end this run after that step, as if preempted (then --resume)"},
+      {"exit-signal", &c.exit_signal, false, "on this signal (as on SIGTERM) finish the step, save it and exit 75 "
+                                             "(preempted: continue with --resume); e.g. SIGUSR1"},
       {"out", &c.out, false, "model.safetensors to export at the end (default <ckpt-dir>/model.safetensors)"},
       {"export-hf", &c.export_hf, false, "a Hugging Face directory to write at the end (weights, config.json, "
                                           "tokenizer files)"},

@@ -47,6 +47,7 @@ struct Config {
   bool resume = false;
   std::string resume_from;     // a checkpoint folder to continue from (instead of the newest)
   int64_t stop_after = -1;     // end this run after that step, as if preempted
+  std::string exit_signal = "SIGTERM";  // besides SIGTERM: save the step reached and exit 75 on it
   std::string out;             // model.safetensors path; empty: <ckpt_dir>/model.safetensors or none
   std::string export_hf;       // a Hugging Face directory written at the end (weights, config, tokenizer)
   std::string metrics_file;    // JSON lines, one per logged step (rank 0), kept across resumes

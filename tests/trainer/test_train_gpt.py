@@ -29,12 +29,23 @@ Cases (each a ctest test TrainGpt.<Case>):
                                   is one error line, never an abort
   ProgressBarOnATerminal          under fsdpp-run on a (pseudo-)terminal, rank 0 redraws a bar
                                   after every step as one status line, gone from the final screen
-  ResumeErrorsNameTheWayOn        --resume on a folder without checkpoints says so; a corrupt newest
-                                  checkpoint's error names the older one and --resume-from, which
-                                  continues the run exactly
+  ResumeErrorsNameTheWayOn        --resume on a folder without checkpoints says so; with rank 1's file
+                                  of the newest checkpoint corrupt and a newer folder incomplete,
+                                  --resume-from the corrupt one names the older one, and --resume
+                                  skips both (one line each, all ranks together) and continues from
+                                  the older one bitwise as the uninterrupted run
   MemoryLimitPerRank              --init deferred gives the losses of every world size alike; under
                                   --memory-limit the 4-rank run trains and the 1-rank run fails
                                   with an out-of-memory error naming the bytes
+  PreemptedBySigtermResumesBitwise
+                                  SIGTERM (through fsdpp-run) mid-run: exit code 75, the step
+                                  reached saved, --resume ends bitwise as the uninterrupted run;
+                                  the same for --exit-signal SIGUSR1; SIGUSR1 without the flag
+                                  kills; without --ckpt-dir 75 and nothing saved
+  RestartAfterAKilledRankIsBitwise
+                                  rank 1 SIGKILLed mid-run under fsdpp-run --max-restarts 2: the
+                                  restarted attempt resumes by itself and ends bitwise as the
+                                  uninterrupted run
 Only the standard library here: the file is read with the reader below (the format is 8 bytes of
 header length, a JSON header, raw little-endian data), and once more with Python's safetensors,
 which both legs have (CMake runs this with FSDPP_PYTHON: PyPI's or Debian 13's).
@@ -46,9 +57,11 @@ import os
 import pty
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
 DEADLINE = 240  # seconds per trainer run (fsdpp-run's --timeout names a hung rank before)
 # These cases are about CPU ranks (bitwise resumes, the CPU memory limit): on a host with a GPU the
@@ -101,10 +114,13 @@ class Trainer:
         self.corpus = os.path.join(workdir, "corpus.txt")
         synthetic_text(self.corpus)
 
+    def command(self, nproc, *flags, data=True, launcher_flags=()):
+        return [self.args.launcher, "--nproc-per-node", str(nproc), "--master-port", str(self.args.port),
+                "--timeout", "120", *map(str, launcher_flags), self.args.trainer] + \
+               (["--data", self.corpus] if data else []) + CPU + [str(f) for f in flags]
+
     def run(self, nproc, *flags, env=None, expect_ok=True, data=True):
-        cmd = [self.args.launcher, "--nproc-per-node", str(nproc), "--master-port", str(self.args.port),
-               "--timeout", "120", self.args.trainer] + (["--data", self.corpus] if data else []) + \
-              CPU + [str(f) for f in flags]
+        cmd = self.command(nproc, *flags, data=data)
         full_env = dict(os.environ, OPENBLAS_NUM_THREADS="1", **(env or {}))
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE, env=full_env)
         out = p.stdout + p.stderr
@@ -114,8 +130,58 @@ class Trainer:
             raise AssertionError(f"{' '.join(cmd)} should have failed:\n{out}")
         return out
 
+    def run_and_act(self, nproc, *flags, when, act, launcher_flags=(), data=True):
+        """Runs like run(), calling act(launcher process) once a line of the output (stdout and
+        stderr together) matches the regex `when`; returns (exit code, output, whether it acted)."""
+        cmd = self.command(nproc, *flags, data=data, launcher_flags=launcher_flags)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+        watchdog = threading.Timer(DEADLINE, p.kill)
+        watchdog.start()
+        lines, acted = [], False
+        try:
+            for line in p.stdout:
+                lines.append(line)
+                if not acted and re.search(when, line):
+                    act(p)
+                    acted = True
+            code = p.wait()
+        finally:
+            watchdog.cancel()
+        return code, "".join(lines), acted
+
     def dir(self, name):
         return os.path.join(self.workdir, name)
+
+
+def rank_pids(launcher):
+    """rank -> pid of the launcher's rank processes (its children, each with RANK in its environment)."""
+    pids = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            if parent != launcher.pid:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if b"RANK" in env:
+            pids[int(env[b"RANK"])] = int(entry)
+    return pids
+
+
+def signal_ranks(launcher, sig):
+    pids = rank_pids(launcher)
+    check(len(pids) > 0, "found no rank processes to signal")
+    for pid in pids.values():
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 # A tiny model: 2 blocks, width 32; 12 steps, a checkpoint every 4, a loss line every step.
@@ -359,32 +425,124 @@ def case_progress_bar(t):
     print("\n".join(lines))
 
 
+def flip_a_byte(path):
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
 def case_resume_errors(t):
     os.makedirs(t.dir("empty"))
     out = t.run(2, "--ckpt-dir", t.dir("empty"), "--resume", data=False, expect_ok=False)
     check(t.dir("empty") + " holds no complete checkpoint to continue from" in out, "no error saying so", out)
     check("--data" not in out.split("to continue from")[0], "the error is about --data", out)
-    ref_out, _ = uninterrupted(t, 2, "reference")
+    ref_out, ref_model = uninterrupted(t, 2, "reference")
     t.run(2, *MODEL, "--ckpt-dir", t.dir("run"), "--stop-after", 8)
     newest = os.path.join(t.dir("run"), "step-00000008")
     older = os.path.join(t.dir("run"), "step-00000004")
-    for name in sorted(os.listdir(newest)):  # one flipped byte in every rank's data file
-        if name.endswith(".safetensors"):
-            path = os.path.join(newest, name)
-            with open(path, "r+b") as f:
-                f.seek(os.path.getsize(path) // 2)
-                byte = f.read(1)
-                f.seek(-1, 1)
-                f.write(bytes([byte[0] ^ 0xFF]))
-    out = t.run(2, "--ckpt-dir", t.dir("run"), *RESUME, expect_ok=False)
+    # One flipped byte in rank 1's data file only: rank 0 reads its part of step 8 fine, rank 1
+    # cannot, and both must move on together. Newer still, a folder without metadata.json.
+    flip_a_byte(os.path.join(newest, "rank-00001.safetensors"))
+    incomplete = os.path.join(t.dir("run"), "step-00000010")
+    os.makedirs(incomplete)
+    # --resume-from stays strict: the error names the newest older checkpoint and the flag.
+    out = t.run(2, "--ckpt-dir", t.dir("run"), *RESUME[1:], "--resume-from", newest, data=False, expect_ok=False)
     check("cannot resume from " + newest in out, "the error does not name the corrupt checkpoint", out)
     check("continue from it with --resume-from " + older in out, "the error does not name the older one", out)
-    out = t.run(2, "--ckpt-dir", t.dir("run"), *RESUME[1:], "--resume-from", older, data=False)
+    out = t.run(2, "--ckpt-dir", t.dir("run"), *RESUME)
+    skipped = [line for line in out.splitlines() if "skipping " in line]
+    check(len(skipped) == 2 and skipped[0].endswith("skipping " + incomplete + ": incomplete: no metadata.json")
+          and ("skipping " + newest + ": rank 1: ") in skipped[1] and "checksum mismatch" in skipped[1],
+          f"expected one line for each of the 2 skipped, step 8's naming rank 1's checksum: {skipped}", out)
     check("resumed from " + older + " (step 4)" in out, "did not resume from step 4", out)
     ref_train, _ = losses(ref_out)
     got_train, _ = losses(out)
     check(all(got_train[s] == ref_train[s] for s in range(5, 13)), "steps 5-12 differ from the uninterrupted run", out)
-    print("ok: empty folder and corrupt newest checkpoint named; --resume-from step 4 equals the uninterrupted run")
+    check(same_file(os.path.join(t.dir("run"), "model.safetensors"), ref_model),
+          "model.safetensors differs from the uninterrupted run's", out)
+    print("\n".join(skipped))
+    print("ok: empty folder named; --resume-from the corrupt step 8 names step 4; --resume skips the incomplete "
+          "step 10 and step 8 (one line each), continues from step 4 and equals the uninterrupted run bitwise")
+
+
+# The preemption and restart cases run 24 steps, so the run is still training when the signal
+# or the kill, sent once step 5 or 7 is printed, arrives (a step takes ~15 ms here).
+LONG = MODEL + ["--steps", 24]
+PREEMPTED = re.compile(r"preempted by (SIG\w+) after step (\d+): saved (\S+); resume with --resume")
+
+
+def launcher_has(t, flag):
+    helped = subprocess.run([t.args.launcher, "--help"], capture_output=True, text=True, timeout=60)
+    return flag in helped.stdout
+
+
+def case_preempted(t):
+    t.run(2, *LONG, "--ckpt-dir", t.dir("straight"))
+    ref_model = os.path.join(t.dir("straight"), "model.safetensors")
+    # fsdpp-run forwards its SIGTERM to the ranks with a grace (--signal-grace-seconds) and exits
+    # 75 when they do; an older fsdpp-run kills them 3 s later, so then the ranks get it directly.
+    via_launcher = launcher_has(t, "--signal-grace-seconds")
+
+    def sigterm(p):
+        if via_launcher:
+            p.send_signal(signal.SIGTERM)
+        else:
+            signal_ranks(p, signal.SIGTERM)
+    usr1 = lambda p: signal_ranks(p, signal.SIGUSR1)
+    at_step_5 = r"step +5/24 \| loss"
+    for name, send, extra in [("SIGTERM", sigterm, []), ("SIGUSR1", usr1, ["--exit-signal", "SIGUSR1"])]:
+        run_dir = t.dir("preempted-" + name)
+        code, out, acted = t.run_and_act(2, *LONG, "--ckpt-dir", run_dir, *extra, when=at_step_5, act=send)
+        check(acted and code == 75, f"{name}: exit code {code}, not 75 (preempted)", out)
+        m = PREEMPTED.search(out)
+        check(m is not None and m[1] == name, f"no line 'preempted by {name} after step N: saved ...'", out)
+        step = int(m[2])
+        check(5 <= step < 24 and m[3] == os.path.join(run_dir, f"step-{step:08d}") and
+              os.path.exists(os.path.join(m[3], "metadata.json")), f"step {step}'s checkpoint is not complete", out)
+        check(f"step {step + 1:6d}/24" not in out, f"trained past step {step}", out)
+        resumed = t.run(2, "--ckpt-dir", run_dir, *RESUME)
+        check(f"resumed from {m[3]} (step {step})" in resumed, f"did not resume from step {step}", resumed)
+        check(same_file(os.path.join(run_dir, "model.safetensors"), ref_model),
+              f"after {name} at step {step} and --resume, model.safetensors differs from the uninterrupted run's")
+        periodic = "a periodic step: its save was waited for" if step % 4 == 0 else f"the last periodic save was step {step // 4 * 4}"
+        print(f"{name} ({'via fsdpp-run' if name == 'SIGTERM' and via_launcher else 'to the ranks'}) at step 5: "
+              f"saved step {step} ({periodic}), exit 75; --resume equals the uninterrupted run bitwise")
+    # Without --exit-signal, SIGUSR1 keeps its default action (the ranks die at once).
+    killed, out, acted = t.run_and_act(2, *LONG, "--ckpt-dir", t.dir("usr1-default"), when=at_step_5, act=usr1)
+    check(acted and killed not in (0, 75) and "preempted by" not in out, f"SIGUSR1 without --exit-signal: exit {killed}",
+          out)
+    # Without --ckpt-dir: preempted all the same, and it says nothing was saved.
+    code, out, acted = t.run_and_act(2, *LONG, when=at_step_5, act=sigterm)
+    check(acted and code == 75 and "nothing saved (no --ckpt-dir)" in out, f"without --ckpt-dir: exit {code}", out)
+    print("ok: SIGTERM and --exit-signal SIGUSR1 save the step reached and exit 75; --resume continues bitwise; "
+          f"SIGUSR1 without the flag ends the job (exit {killed}); without --ckpt-dir 75, nothing saved")
+
+
+def case_restart(t):
+    check(launcher_has(t, "--max-restarts"), f"{t.args.launcher} has no --max-restarts (rebuild fsdpp-run)")
+    t.run(2, *LONG, "--ckpt-dir", t.dir("straight"))
+    ref_model = os.path.join(t.dir("straight"), "model.safetensors")
+    run_dir = t.dir("restarted")
+    killed = []
+
+    def kill_rank_1(p):
+        pid = rank_pids(p).get(1)
+        check(pid is not None, "rank 1's process not found")
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+    code, out, acted = t.run_and_act(2, *LONG, "--ckpt-dir", run_dir, "--ckpt-every", 2, when=r"step +7/24 \| loss",
+                                     act=kill_rank_1, launcher_flags=["--max-restarts", 2])
+    check(acted and killed, "rank 1 was not killed", out)
+    check(code == 0, f"exit code {code} after a restart", out)
+    check("restarting all ranks" in out, "fsdpp-run does not say it restarted the ranks", out)
+    m = re.search(r"resumed from (\S+) \(step (\d+)\)", out)
+    check("restart 1 of the job" in out and m is not None and int(m[2]) >= 6, "the restart did not resume", out)
+    check(same_file(os.path.join(run_dir, "model.safetensors"), ref_model),
+          "after the restart model.safetensors differs from the uninterrupted run's", out)
+    print(f"ok: rank 1 SIGKILLed after step 7; fsdpp-run --max-restarts 2 restarted the job, which resumed from "
+          f"step {m[2]} and ended bitwise equal to the uninterrupted run")
 
 
 def case_memory_limit(t):
@@ -548,6 +706,8 @@ CASES = {
     "ProgressBarOnATerminal": case_progress_bar,
     "ResumeErrorsNameTheWayOn": case_resume_errors,
     "MemoryLimitPerRank": case_memory_limit,
+    "PreemptedBySigtermResumesBitwise": case_preempted,
+    "RestartAfterAKilledRankIsBitwise": case_restart,
 }
 
 
