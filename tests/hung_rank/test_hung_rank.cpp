@@ -180,6 +180,29 @@ TEST_F(HungRank, StoppedRankIsNamedWithinTheTimeout) {
   EXPECT_TRUE(gone(stopped)) << "the stopped rank was left behind";
 }
 
+// A hang is a failure that a restart mends: rank 1 of 2 stopped (SIGSTOP) under --max-restarts 1
+// and a 5 s timeout; rank 0 times out, the job is restarted (no port given: a fresh one), and the
+// second attempt trains to the end.
+TEST_F(HungRank, StoppedRankIsRestartedAndTheJobFinishes) {
+  Started job({FSDPP_RUN_PATH, "--nproc-per-node", "2", "--timeout", "5", "--max-restarts", "1", TRAIN_STEPS_PATH},
+              env({"STEPS=200"}), dir_ + "/job.log");
+  ASSERT_TRUE(wait_for_pids(2, 90)) << job.output();
+  const pid_t stopped = pid_of(1);
+  ASSERT_GT(stopped, 0);
+  ASSERT_EQ(kill(stopped, SIGSTOP), 0);
+  const auto start = Clock::now();
+  const int code = job.wait(120);
+  const std::string out = job.output();
+  ASSERT_NE(code, -1) << "still running 120 s after rank 1 was stopped:\n" << out;
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_GE(seconds_since(start), 4) << "ended before the 5 s timeout could have:\n" << out;
+  EXPECT_TRUE(contains(out, "[rank0]: fsdpp: collective timeout: ")) << out;
+  EXPECT_TRUE(contains(out, "restarting all ranks (restart 1 of 1)")) << out;
+  EXPECT_TRUE(contains(out, "[rank0]: trained 200 steps")) << out;
+  EXPECT_TRUE(contains(out, "summary: attempt 2 of 2: all ranks exited with code 0")) << out;
+  EXPECT_TRUE(gone(stopped)) << "the stopped rank was left behind";
+}
+
 // Every other rank has exited 0 and one is stopped: bounded by --exit-wait-seconds, and named.
 TEST_F(HungRank, LaggardAfterACleanExitIsNamed) {
   // Rank 1 stops itself once rank 0 has published its pid; rank 0 then exits 0.
