@@ -14,12 +14,7 @@ const char* env(const char* name) { return std::getenv(name); }
 
 const char* first_of(const char* a, const char* b) { return env(a) ? env(a) : env(b); }
 
-int whole_number(const char* name, const char* text) {
-  const std::string value = text;
-  if (value.empty() || value.size() > 9 || value.find_first_not_of("0123456789") != std::string::npos)
-    throw std::invalid_argument(std::string(name) + "='" + value + "' is not a number");
-  return std::stoi(value);
-}
+using fsdpp::slurm::whole_number;
 
 }  // namespace
 

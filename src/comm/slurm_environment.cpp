@@ -13,12 +13,7 @@ namespace {
 
 const char* env(const char* name) { return std::getenv(name); }
 
-int whole_number(const char* name) {
-  const std::string value = env(name);
-  if (value.empty() || value.size() > 9 || value.find_first_not_of("0123456789") != std::string::npos)
-    throw Error("environment variable " + std::string(name) + "='" + value + "' is not a number");
-  return std::stoi(value);
-}
+int whole_number(const char* name) { return slurm::whole_number(name, env(name)); }
 
 }  // namespace
 

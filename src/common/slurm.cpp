@@ -92,6 +92,12 @@ std::vector<std::string> expand_hostlist(const std::string& list, const std::str
   return hosts;
 }
 
+int whole_number(const std::string& name, const std::string& text) {
+  if (text.empty() || text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos)
+    throw std::invalid_argument(name + "='" + text + "' is not a number");
+  return std::stoi(text);
+}
+
 int default_port(const std::string& job_id) {
   long long id = 0;
   for (char c : job_id) {

@@ -16,6 +16,9 @@ std::vector<std::string> expand_hostlist(const std::string& list, const std::str
 // PyTorch Lightning's SLURMEnvironment), the same on every node and in every step of the job.
 int default_port(const std::string& job_id);
 
+// A count or id Slurm set in the variable `name`; throws std::invalid_argument naming it.
+int whole_number(const std::string& name, const std::string& text);
+
 // The tasks on each node from SLURM_TASKS_PER_NODE ("4(x2),3": 4, 4, 3); throws naming it.
 std::vector<int> tasks_per_node(const std::string& text);
 
