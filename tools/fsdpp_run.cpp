@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
   if (int code = parse_options(argc, argv, opt); code >= 0) return code;
   try {
     if (std::string line = fsdpp_run::adopt_slurm_allocation(opt); !line.empty()) say(line);
-  } catch (const std::invalid_argument& e) {
+  } catch (const std::exception& e) {
     say(e.what());
     return kUsageError;
   }

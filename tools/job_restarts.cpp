@@ -68,19 +68,24 @@ int pending_stop_signal(int signal_fd) {
   return stop;
 }
 
-// "attempt 1 of 3" when restarts are allowed, "the job" otherwise.
+// "attempt 1 of 3".
 std::string attempt_name(int number, const Options& o) {
   return "attempt " + std::to_string(number + 1) + " of " + std::to_string(o.max_restarts + 1);
 }
 
 }  // namespace
 
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
 int run_job(const Options& options) {
   sigset_t original_mask;
   const int signal_fd = start_supervising(original_mask);
   if (signal_fd < 0) return 1;
-  // Only a single-node job meets on loopback; nodes meet at --master-addr:--master-port.
-  const bool own_port = options.nnodes == 1 && !options.master_port_given;
+  // Only a single-node job meeting on loopback gets the launcher's own port; nodes (and a job
+  // told to meet at another address) meet at --master-addr:--master-port.
+  const bool own_port = options.nnodes == 1 && !options.master_port_given && is_loopback(options.master_addr);
   std::vector<AttemptEnd> ends;
   for (int number = 0;; ++number) {
     Attempt attempt{number, options.master_port, -1};
@@ -92,15 +97,16 @@ int run_job(const Options& options) {
     ends.push_back(run_attempt(options, attempt, signal_fd, original_mask));
     if (attempt.store_listen_fd >= 0) close(attempt.store_listen_fd);
     const AttemptEnd& end = ends.back();
-    if (end.exit_code == 0) break;
+    if (end.exit_code == 0 || options.max_restarts == 0) break;  // done, or restarts were not asked for
     std::string why_not = why_not_restarted(end);
-    if (why_not.empty() && number == options.max_restarts && options.max_restarts > 0)
+    if (why_not.empty() && number == options.max_restarts)
       why_not = "no restarts left (--max-restarts " + std::to_string(options.max_restarts) + ")";
-    if (why_not.empty() && options.max_restarts == 0) break;  // restarts were not asked for
     if (why_not.empty()) {
       if (const int sig = pending_stop_signal(signal_fd)) {
         ends.back().forwarded_signal = sig;
-        why_not = "fsdpp-run was told to stop";
+        ends.back().exit_code = 128 + sig;
+        why_not = "fsdpp-run received " + std::string(sigabbrev_np(sig) ? "SIG" : "signal ") +
+                  (sigabbrev_np(sig) ? sigabbrev_np(sig) : std::to_string(sig));
       }
     }
     if (!why_not.empty()) {

@@ -253,6 +253,14 @@ AttemptEnd Supervisor::run() {
   end_status_line();
   // Told to stop, the ranks saved their state and said so: the job is preempted, not failed.
   if (forwarded_signal_ != 0 && all_preempted()) exit_code_ = kPreemptedExitCode;
+  // Preempted is a promise that every rank saved: a rank that did not makes it a failure.
+  if (exit_code_ == kPreemptedExitCode && !all_preempted())
+    for (const auto& r : ranks_)
+      if (!r.running && !(WIFEXITED(r.status) && WEXITSTATUS(r.status) == kPreemptedExitCode)) {
+        exit_code_ = exit_code_of(r.status) == 0 ? 1 : exit_code_of(r.status);
+        reason_ += "; but " + describe_exit(r, r.status) + " without saving";
+        break;
+      }
   if (exit_code_ != 0 && forwarded_signal_ == 0 && exit_code_ != kPreemptedExitCode) print_summary();
   if (reason_.empty()) reason_ = "all ranks exited with code 0";
   return AttemptEnd{exit_code_, reason_, forwarded_signal_};
@@ -335,7 +343,6 @@ void Supervisor::signal_all(int sig) const {
 
 // Starts the shutdown: the first reason to stop sets the exit code and the
 // SIGKILL deadline.
-// `sig` 0 sends nothing: the ranks are stopping by themselves, and SIGKILL follows at the deadline.
 void Supervisor::stop(int sig, int exit_code, const std::string& reason, double grace) {
   if (!stopping_) {
     stopping_ = true;
@@ -350,7 +357,6 @@ void Supervisor::stop(int sig, int exit_code, const std::string& reason, double 
       r.state_at_stop = state;
     }
   }
-  if (sig == 0) return;
   signal_all(sig);
   signal_all(SIGCONT);  // a stopped rank would hold the signal pending until SIGKILL
 }
@@ -407,7 +413,9 @@ void Supervisor::handle_signals() {
       signal_all(SIGKILL);
       killed_ = true;
     } else {
-      say("received " + signal_name(sig) + "; forwarding it to all ranks (SIGKILL in " + seconds(signal_grace_) + ")");
+      const double left = stopping_ ? std::chrono::duration<double>(kill_at_ - Clock::now()).count() : signal_grace_;
+      say("received " + signal_name(sig) + "; forwarding it to all ranks (SIGKILL in " + seconds(std::max(0.0, left)) +
+          ")");
       forwarded_signal_ = sig;
       stop(sig, 128 + sig, "fsdpp-run received " + signal_name(sig), signal_grace_);
     }
@@ -447,10 +455,10 @@ void Supervisor::on_exit(Rank& r, int status) {
     return;
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == kPreemptedExitCode) {
-    // Preempted on a signal of its own (srun signals every task): the others are saving too.
-    say(describe_exit(r, status) + " (preempted: it saved its state); the other ranks get " + seconds(signal_grace_) +
-        " to do the same");
-    return stop(0, kPreemptedExitCode, describe_exit(r, status) + " (preempted)", signal_grace_);
+    // Preempted on a signal of its own (srun signals every task): the others are asked to save too.
+    say(describe_exit(r, status) + " (preempted: it saved its state); the other ranks get SIGTERM and " +
+        seconds(signal_grace_) + " to do the same");
+    return stop(SIGTERM, kPreemptedExitCode, describe_exit(r, status) + " (preempted)", signal_grace_);
   }
   say(describe_exit(r, status) + "; stopping all ranks");
   stop(SIGTERM, exit_code_of(status), describe_exit(r, status));

@@ -2,6 +2,7 @@
 // intent over the group's own backend, compared before the collective runs.
 #include "comm/collective_intent.h"
 
+#include <atomic>
 #include <sstream>
 #include <string>
 
@@ -48,10 +49,11 @@ std::vector<at::Tensor> exchange(const ProcessGroupImpl& g, const std::vector<in
 enum OutOfMemoryField { kRecent, kAsked, kInUse, kLimit, kOutOfMemoryFields };
 
 std::vector<int64_t> out_of_memory_fields() {
-  static thread_local int64_t seen = 0;  // one comm thread per group; each learns once
+  // Process-wide: the first check after an error tells it, on whichever group comes next; a
+  // group made later does not tell an old one again.
+  static std::atomic<int64_t> seen{0};
   const OutOfMemoryRecord last = last_out_of_memory();
-  const bool recent = last.count != seen;
-  seen = last.count;
+  const bool recent = seen.exchange(last.count) != last.count;
   return {recent ? 1 : 0, last.asked, last.in_use, last.limit};
 }
 

@@ -136,7 +136,7 @@ Work submit(const ProcessGroupImpl& g, CollectiveKind kind, CollectiveIntent int
         try {
           reporting_hangs(g, seq, description, [&] { check_intent(g, intent); });
         } catch (const std::exception& e) {
-          std::fprintf(stderr, "fsdpp: %s: %s\n", description.c_str(), e.what());
+          std::fprintf(stderr, "fsdpp: %s: %s\n", description.c_str(), message_without_backtrace(e).c_str());
           std::lock_guard<std::mutex> lock(g.check_failure_mutex);
           if (!g.check_failure) g.check_failure = std::current_exception();
           throw;

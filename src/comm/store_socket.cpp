@@ -38,6 +38,7 @@ std::optional<int> launcher_socket(int port) {
     throw Error("FSDPP_STORE_LISTEN_FD=" + std::string(text) + " is not a socket listening on port " +
                 std::to_string(port) + " (MASTER_PORT): it is fsdpp-run's to set");
   fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);  // not for the rank's own children
+  unsetenv("FSDPP_STORE_LISTEN_FD");  // the store takes the socket over; a second init must not reuse it
   return static_cast<int>(fd);
 }
 
@@ -48,9 +49,9 @@ bool is_loopback(const std::string& host) {
 }
 
 std::optional<int> store_listen_socket(const std::string& host, int port, bool from_launcher) {
+  if (!is_loopback(host)) return std::nullopt;
   if (from_launcher)
     if (auto fd = launcher_socket(port)) return fd;
-  if (!is_loopback(host)) return std::nullopt;
   const bool v6 = host == "::1";
   const std::string where = (v6 ? "[::1]" : host) + ":" + std::to_string(port);
   const int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

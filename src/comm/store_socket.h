@@ -11,9 +11,8 @@ bool is_loopback(const std::string& host);
 
 // A listening socket for the store at host:port (the caller passes it to TCPStoreOptions'
 // masterListenFd, which takes it over), or nullopt to let c10d listen on every interface:
-//  - fsdpp-run's own socket (FSDPP_STORE_LISTEN_FD, a single-node job on a free loopback port),
-//    when `from_launcher` and its port is `port`;
-//  - else, for a loopback `host`, a socket bound to that address only.
+// for a loopback `host`: fsdpp-run's own socket (FSDPP_STORE_LISTEN_FD, a single-node job on a
+// free loopback port; taken once) when `from_launcher`, else a socket bound to `host` only.
 // Throws fsdpp::Error naming host:port when the port cannot be had (another job holds it).
 std::optional<int> store_listen_socket(const std::string& host, int port, bool from_launcher);
 

@@ -59,10 +59,11 @@ void expand_name(const std::string& name, const std::string& where, const std::s
     if (open == std::string::npos) break;
     const size_t close = name.find(']', open);
     if (close == std::string::npos) fail(where, list, "'[' without ']'");
+    const auto values = bracket_values(name.substr(open + 1, close - open - 1), where, list);
+    if (partial.size() * values.size() > kMaxHosts) fail(where, list, "more than " + std::to_string(kMaxHosts) + " hosts");
     std::vector<std::string> next;
     for (const auto& p : partial)
-      for (const auto& v : bracket_values(name.substr(open + 1, close - open - 1), where, list)) next.push_back(p + v);
-    if (next.size() > kMaxHosts) fail(where, list, "more than " + std::to_string(kMaxHosts) + " hosts");
+      for (const auto& v : values) next.push_back(p + v);
     partial.swap(next);
     at = close + 1;
   }

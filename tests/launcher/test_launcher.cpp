@@ -521,15 +521,22 @@ TEST_F(Launcher, UsageErrorsAndPreemptedRanksAreNotRestarted) {
   EXPECT_EQ(count_of(usage.out, "]: ran\n"), 2) << usage.out;  // one attempt only
   EXPECT_TRUE(contains(usage.err, "not restarted: exit code 2 is a usage error")) << usage.err;
 
-  // A rank preempted on its own (srun signals every task) saved its state: the others get the
-  // signal grace to do the same, and the job ends with the preempted code, unrestarted.
-  Outcome preempted = run({"--nproc-per-node", "2", "--max-restarts", "3"},
-                          "echo ran; if [ $RANK = 1 ]; then exit 75; fi; sleep 0.5; exit 75");
+  // A rank preempted on its own (srun signals every task) saved its state: the others get SIGTERM
+  // and the signal grace to do the same, and the job ends with the preempted code, unrestarted.
+  const std::string saver = "trap 'sleep 0.3; exit 75' TERM; echo ran; " + publish("up", "1") +
+                            "if [ $RANK = 1 ]; then " + await("up", {0}) + "exit 75; fi; sleep 60 & wait; exit 1";
+  Outcome preempted = run({"--nproc-per-node", "2", "--max-restarts", "3"}, saver);
   ASSERT_FALSE(preempted.timed_out);
   EXPECT_EQ(preempted.exit_code, 75) << preempted.err;
   EXPECT_EQ(count_of(preempted.out, "]: ran\n"), 2) << preempted.out;
-  EXPECT_TRUE(contains(preempted.err, "the other ranks get 30 s to do the same")) << preempted.err;
+  EXPECT_TRUE(contains(preempted.err, "the other ranks get SIGTERM and 30 s to do the same")) << preempted.err;
   EXPECT_FALSE(contains(preempted.err, "SIGKILL")) << preempted.err;
+  // One that does not save (it dies of the SIGTERM) makes the job a failure, not "resume me".
+  fs::remove(file("up", 0)), fs::remove(file("up", 1));
+  Outcome half = run({"--nproc-per-node", "2"},
+                     publish("up", "1") + "if [ $RANK = 1 ]; then " + await("up", {0}) + "exit 75; fi; exec sleep 60");
+  ASSERT_FALSE(half.timed_out);
+  EXPECT_EQ(half.exit_code, 128 + SIGTERM) << half.err;
 }
 
 TEST_F(Launcher, SigtermGivesRanksTheSignalGraceAndPreemptedRanksGiveCode75) {
@@ -548,7 +555,8 @@ TEST_F(Launcher, SigtermGivesRanksTheSignalGraceAndPreemptedRanksGiveCode75) {
 TEST_F(Launcher, SingleNodeStoreListensOnAFreeLoopbackPortHandedToRankZero) {
   // Rank 0 holds the launcher's listening socket; /proc/net/tcp shows it bound to 127.0.0.1
   // (0100007F) and listening (state 0A).
-  auto script = std::string("if [ $RANK = 0 ]; then [ -e /proc/$$/fd/$FSDPP_STORE_LISTEN_FD ] && echo fd; ") +
+  auto script = std::string("if [ $RANK = 0 ]; then [ -n \"$FSDPP_STORE_LISTEN_FD\" ] && ") +
+                "readlink /proc/$$/fd/$FSDPP_STORE_LISTEN_FD | grep -q '^socket:' && echo fd; " +
                 "grep -i \" 0100007F:$(printf %04X $MASTER_PORT) 00000000:0000 0A \" /proc/net/tcp >/dev/null && "
                 "echo loopback; else echo \"fd=${FSDPP_STORE_LISTEN_FD:-none}\"; fi; echo port=$MASTER_PORT";
   auto first = start({"--nproc-per-node", "2"}, script + "; sleep 0.5");
@@ -583,7 +591,15 @@ TEST_F(Launcher, InAnSrunStepTheJobComesFromSlurm) {
   std::sort(lines.begin(), lines.end());
   EXPECT_EQ(lines, (std::vector<std::string>{"[rank2]: 2 4 1 node07 18456", "[rank3]: 3 4 1 node07 18456"}));
   EXPECT_TRUE(contains(o.err, "Slurm job 123456: node 1 of 2, the store at node07:18456")) << o.err;
-  // The user's flags rule.
+  // A one-node step meets on loopback, on the launcher's own port.
+  Outcome one = run({"--nproc-per-node", "2"}, "echo \"$WORLD_SIZE $MASTER_ADDR ${FSDPP_STORE_LISTEN_FD:+fd}\"",
+                    {"SLURM_JOB_ID=123456", "SLURM_STEP_ID=0", "SLURM_JOB_NODELIST=node07", "SLURM_NNODES=1",
+                     "SLURM_NODEID=0", "SLURM_NTASKS=1"});
+  auto one_lines = lines_of(one.out);
+  std::sort(one_lines.begin(), one_lines.end());
+  EXPECT_EQ(one_lines, (std::vector<std::string>{"[rank0]: 2 127.0.0.1 fd", "[rank1]: 2 127.0.0.1 "})) << one.err;
+  EXPECT_TRUE(contains(one.err, "Slurm job 123456: one node")) << one.err;
+  // The user's flags rule: --nnodes 1 is a single-node job on each node.
   Outcome own = run({"--nproc-per-node", "1", "--nnodes", "1"}, "echo $WORLD_SIZE $MASTER_ADDR", slurm_step_env());
   EXPECT_EQ(own.out, "[rank0]: 1 127.0.0.1\n") << own.err;
 }

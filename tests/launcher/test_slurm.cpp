@@ -25,7 +25,8 @@ TEST(SlurmHostlist, ExpandsRangesListsPaddingAndProducts) {
 }
 
 TEST(SlurmHostlist, RefusesMalformedListsNamingTheVariable) {
-  for (const char* bad : {"node[1-", "node]1[", "node[2-1]", "node[a-b]", "a,,b", "", "node[1-99999999]"}) {
+  for (const char* bad : {"node[1-", "node]1[", "node[2-1]", "node[a-b]", "a,,b", "", "node[1-99999999]",
+                          "a[1-999999]b[1-999999]"}) {
     try {
       expand_hostlist(bad, "SLURM_JOB_NODELIST");
       ADD_FAILURE() << "accepted '" << bad << "'";

@@ -482,14 +482,9 @@ def case_preempted(t):
     t.run(2, *LONG, "--ckpt-dir", t.dir("straight"))
     ref_model = os.path.join(t.dir("straight"), "model.safetensors")
     # fsdpp-run forwards its SIGTERM to the ranks with a grace (--signal-grace-seconds) and exits
-    # 75 when they do; an older fsdpp-run kills them 3 s later, so then the ranks get it directly.
-    via_launcher = launcher_has(t, "--signal-grace-seconds")
-
-    def sigterm(p):
-        if via_launcher:
-            p.send_signal(signal.SIGTERM)
-        else:
-            signal_ranks(p, signal.SIGTERM)
+    # 75 when they all do.
+    check(launcher_has(t, "--signal-grace-seconds"), f"{t.args.launcher} has no --signal-grace-seconds")
+    sigterm = lambda p: p.send_signal(signal.SIGTERM)
     usr1 = lambda p: signal_ranks(p, signal.SIGUSR1)
     at_step_5 = r"step +5/24 \| loss"
     for name, send, extra in [("SIGTERM", sigterm, []), ("SIGUSR1", usr1, ["--exit-signal", "SIGUSR1"])]:
@@ -507,7 +502,7 @@ def case_preempted(t):
         check(same_file(os.path.join(run_dir, "model.safetensors"), ref_model),
               f"after {name} at step {step} and --resume, model.safetensors differs from the uninterrupted run's")
         periodic = "a periodic step: its save was waited for" if step % 4 == 0 else f"the last periodic save was step {step // 4 * 4}"
-        print(f"{name} ({'via fsdpp-run' if name == 'SIGTERM' and via_launcher else 'to the ranks'}) at step 5: "
+        print(f"{name} ({'via fsdpp-run' if name == 'SIGTERM' else 'to the ranks'}) at step 5: "
               f"saved step {step} ({periodic}), exit 75; --resume equals the uninterrupted run bitwise")
     # Without --exit-signal, SIGUSR1 keeps its default action (the ranks die at once).
     killed, out, acted = t.run_and_act(2, *LONG, "--ckpt-dir", t.dir("usr1-default"), when=at_step_5, act=usr1)
