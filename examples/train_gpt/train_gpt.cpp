@@ -23,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -69,15 +70,17 @@ std::string backend_for(const at::Device& device) {
   return fsdpp::get_local_world_size() <= static_cast<int>(torch::cuda::device_count()) ? "cpu:gloo,cuda:nccl" : "gloo";
 }
 
-// nanoGPT's split: weight decay on matrices (and embeddings), none on biases and norms.
-torch::optim::AdamW build_optimizer(Model& model, const Config& c) {
+// nanoGPT's split: weight decay on matrices (and embeddings), none on biases and norms. On the
+// heap: libtorch 2.6's optimizers cannot be move-assigned, and a run that finds no checkpoint to
+// load builds a fresh one.
+std::unique_ptr<torch::optim::AdamW> build_optimizer(Model& model, const Config& c) {
   std::vector<at::Tensor> decay, no_decay;
   for (const auto& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   auto options = [&](double wd) { return torch::optim::AdamWOptions(c.lr).betas({0.9, 0.95}).weight_decay(wd); };
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options(c.weight_decay)));
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(options(0.0)));
-  return torch::optim::AdamW(std::move(groups), options(c.weight_decay));
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), options(c.weight_decay));
 }
 
 // Linear warm-up to lr, then down to min_lr at `steps` along a cosine (nanoGPT's get_lr) or a
@@ -253,10 +256,10 @@ int run(Config c, const fsdpp::ProcessGroup& world, const at::Device& device) {
   BatchSampler sampler(static_cast<uint64_t>(c.seed), corpus.train_tokens(), c.seq + 1);
   const fsdpp::LlamaConfig llama = llama_config(c, tokenizer);
   Model model = build_model(c, llama, world, device, resuming);
-  torch::optim::AdamW opt = build_optimizer(model, c);
+  std::unique_ptr<torch::optim::AdamW> optimizer = build_optimizer(model, c);
 
   int64_t step = 0;
-  const std::optional<SavedStep> loaded = resuming ? resumption.load(model, opt, sampler) : std::nullopt;
+  const std::optional<SavedStep> loaded = resuming ? resumption.load(model, *optimizer, sampler) : std::nullopt;
   if (loaded) {
     step = loaded->step;
     progress.line(format("resumed from %s (step %lld), now on %d ranks", loaded->dir.c_str(),
@@ -266,12 +269,13 @@ int run(Config c, const fsdpp::ProcessGroup& world, const at::Device& device) {
       throw std::runtime_error("--resume: no checkpoint in " + c.ckpt_dir + " loads (each is skipped above); to " +
                                "start the run again, give --data and the run's flags");
     model = build_model(c, llama, world, device, /*resuming=*/false);
-    opt = build_optimizer(model, c);
+    optimizer = build_optimizer(model, c);
     sampler = BatchSampler(static_cast<uint64_t>(c.seed), corpus.train_tokens(), c.seq + 1);
   }
   if (c.resume && !loaded)
     progress.line((resumption.skipped() > 0 ? "no checkpoint in " + c.ckpt_dir + " loads (each is skipped above)"
                                             : "no complete checkpoint in " + c.ckpt_dir) + ": starting at step 0");
+  torch::optim::AdamW& opt = *optimizer;
   Checkpoints saves(c, rank);
   RunLog log(c, rank, step);
   fsdpp::barrier();
