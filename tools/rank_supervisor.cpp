@@ -343,6 +343,7 @@ void Supervisor::signal_all(int sig) const {
 
 // Starts the shutdown: the first reason to stop sets the exit code and the
 // SIGKILL deadline.
+// `sig` 0 sends nothing: the ranks are ending by themselves, and SIGKILL follows at the deadline.
 void Supervisor::stop(int sig, int exit_code, const std::string& reason, double grace) {
   if (!stopping_) {
     stopping_ = true;
@@ -357,6 +358,7 @@ void Supervisor::stop(int sig, int exit_code, const std::string& reason, double 
       r.state_at_stop = state;
     }
   }
+  if (sig == 0) return;
   signal_all(sig);
   signal_all(SIGCONT);  // a stopped rank would hold the signal pending until SIGKILL
 }
@@ -455,10 +457,11 @@ void Supervisor::on_exit(Rank& r, int status) {
     return;
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == kPreemptedExitCode) {
-    // Preempted on a signal of its own (srun signals every task): the others are asked to save too.
-    say(describe_exit(r, status) + " (preempted: it saved its state); the other ranks get SIGTERM and " +
-        seconds(signal_grace_) + " to do the same");
-    return stop(SIGTERM, kPreemptedExitCode, describe_exit(r, status) + " (preempted)", signal_grace_);
+    // Preempted on a signal of its own (srun signals every task): the others got it too and are
+    // saving; a SIGTERM now could reach one past its handler and end it before it exits 75.
+    say(describe_exit(r, status) + " (preempted: it saved its state); the other ranks get " + seconds(signal_grace_) +
+        " to do the same");
+    return stop(0, kPreemptedExitCode, describe_exit(r, status) + " (preempted)", signal_grace_);
   }
   say(describe_exit(r, status) + "; stopping all ranks");
   stop(SIGTERM, exit_code_of(status), describe_exit(r, status));

@@ -521,22 +521,23 @@ TEST_F(Launcher, UsageErrorsAndPreemptedRanksAreNotRestarted) {
   EXPECT_EQ(count_of(usage.out, "]: ran\n"), 2) << usage.out;  // one attempt only
   EXPECT_TRUE(contains(usage.err, "not restarted: exit code 2 is a usage error")) << usage.err;
 
-  // A rank preempted on its own (srun signals every task) saved its state: the others get SIGTERM
-  // and the signal grace to do the same, and the job ends with the preempted code, unrestarted.
-  const std::string saver = "trap 'sleep 0.3; exit 75' TERM; echo ran; " + publish("up", "1") +
-                            "if [ $RANK = 1 ]; then " + await("up", {0}) + "exit 75; fi; sleep 60 & wait; exit 1";
+  // A rank preempted on its own (srun signals every task) saved its state: the others get the
+  // signal grace to do the same, and the job ends with the preempted code, unrestarted.
+  const std::string saver = "echo ran; " + publish("up", "1") + "if [ $RANK = 1 ]; then " + await("up", {0}) +
+                            "exit 75; fi; sleep 0.5; exit 75";
   Outcome preempted = run({"--nproc-per-node", "2", "--max-restarts", "3"}, saver);
   ASSERT_FALSE(preempted.timed_out);
   EXPECT_EQ(preempted.exit_code, 75) << preempted.err;
   EXPECT_EQ(count_of(preempted.out, "]: ran\n"), 2) << preempted.out;
-  EXPECT_TRUE(contains(preempted.err, "the other ranks get SIGTERM and 30 s to do the same")) << preempted.err;
+  EXPECT_TRUE(contains(preempted.err, "the other ranks get 30 s to do the same")) << preempted.err;
   EXPECT_FALSE(contains(preempted.err, "SIGKILL")) << preempted.err;
-  // One that does not save (it dies of the SIGTERM) makes the job a failure, not "resume me".
+  // One that does not save (SIGKILLed at the end of the grace) makes the job a failure, not
+  // "resume me".
   fs::remove(file("up", 0)), fs::remove(file("up", 1));
-  Outcome half = run({"--nproc-per-node", "2"},
+  Outcome half = run({"--nproc-per-node", "2", "--signal-grace-seconds", "1"},
                      publish("up", "1") + "if [ $RANK = 1 ]; then " + await("up", {0}) + "exit 75; fi; exec sleep 60");
   ASSERT_FALSE(half.timed_out);
-  EXPECT_EQ(half.exit_code, 128 + SIGTERM) << half.err;
+  EXPECT_EQ(half.exit_code, 128 + SIGKILL) << half.err;
 }
 
 TEST_F(Launcher, SigtermGivesRanksTheSignalGraceAndPreemptedRanksGiveCode75) {
