@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/loopback.h"
 #include "launcher.h"
 
 namespace fsdpp_run {
@@ -75,17 +76,13 @@ std::string attempt_name(int number, const Options& o) {
 
 }  // namespace
 
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
-
 int run_job(const Options& options) {
   sigset_t original_mask;
   const int signal_fd = start_supervising(original_mask);
   if (signal_fd < 0) return 1;
   // Only a single-node job meeting on loopback gets the launcher's own port; nodes (and a job
   // told to meet at another address) meet at --master-addr:--master-port.
-  const bool own_port = options.nnodes == 1 && !options.master_port_given && is_loopback(options.master_addr);
+  const bool own_port = options.nnodes == 1 && !options.master_port_given && fsdpp::is_loopback(options.master_addr);
   std::vector<AttemptEnd> ends;
   for (int number = 0;; ++number) {
     Attempt attempt{number, options.master_port, -1};

@@ -64,9 +64,6 @@ int start_supervising(sigset_t& original_mask);
 AttemptEnd run_attempt(const Options& options, const Attempt& attempt, int signal_fd,
                        const sigset_t& original_mask);
 
-// 127.0.0.1 and the like: an address only this machine reaches.
-bool is_loopback(const std::string& host);
-
 // Runs attempts until one succeeds, cannot be helped by a restart, or --max-restarts are spent;
 // returns fsdpp-run's exit code.
 int run_job(const Options& options);

@@ -18,16 +18,9 @@ std::string step_dir(const std::string& root, int64_t step) {
 
 std::vector<SavedStep> complete_checkpoints(const std::string& root) {
   std::vector<SavedStep> found;
-  std::error_code ec;
-  static const std::regex name("step-([0-9]{8})");
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    std::smatch m;
-    const std::string base = entry.path().filename().string();
-    if (!std::regex_match(base, m, name)) continue;
-    if (!fs::is_regular_file(entry.path() / "metadata.json", ec)) continue;
-    found.push_back({std::stoll(m[1].str()), entry.path().string()});
-  }
-  std::sort(found.begin(), found.end(), [](const SavedStep& a, const SavedStep& b) { return a.step < b.step; });
+  for (const StepFolder& folder : step_folders_newest_first(root))
+    if (folder.incomplete.empty()) found.push_back(folder.saved);
+  std::reverse(found.begin(), found.end());
   return found;
 }
 

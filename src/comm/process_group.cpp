@@ -23,6 +23,7 @@
 #include "comm/local_address.h"
 #include "comm/process_group_impl.h"
 #include "comm/store_socket.h"
+#include "common/loopback.h"
 #include "compat/cuda_runtime.h"
 #include "compat/tcp_store_options.h"
 #include "profiler/timeline.h"
@@ -214,7 +215,7 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o, std::chrono::millisecond
   } else {
     throw Error("init_method '" + o.init_method() + "' is not env://, tcp://host:port or file:///path");
   }
-  r.local_only = detail::is_loopback(host);
+  r.local_only = is_loopback(host);
   r.master_host = host;
   r.description = "tcp://" + host + ":" + std::to_string(port);
   // Under torchrun the agent already serves the store on MASTER_PORT: every rank is a client,

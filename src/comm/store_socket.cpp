@@ -12,6 +12,8 @@
 
 #include <fsdpp/error.h>
 
+#include "common/loopback.h"
+
 namespace fsdpp::detail {
 namespace {
 
@@ -43,10 +45,6 @@ std::optional<int> launcher_socket(int port) {
 }
 
 }  // namespace
-
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
 
 std::optional<int> store_listen_socket(const std::string& host, int port, bool from_launcher) {
   if (!is_loopback(host)) return std::nullopt;

@@ -7,8 +7,6 @@
 
 namespace fsdpp::detail {
 
-bool is_loopback(const std::string& host);
-
 // A listening socket for the store at host:port (the caller passes it to TCPStoreOptions'
 // masterListenFd, which takes it over), or nullopt to let c10d listen on every interface:
 // for a loopback `host`: fsdpp-run's own socket (FSDPP_STORE_LISTEN_FD, a single-node job on a
