@@ -12,10 +12,13 @@
 #include <CLI/CLI.hpp>
 
 #include <climits>
+#include <cstdlib>
 #include <stdexcept>
 #include <sstream>
 #include <string>
 
+#include "common/loopback.h"
+#include "common/store_secret.h"
 #include "launcher.h"
 
 namespace {
@@ -33,6 +36,49 @@ struct HelpFormatter : CLI::Formatter {
     return "Usage: fsdpp-run [OPTIONS] [--] program [args...]\n";
   }
 };
+
+// "4" or "1:4" into the node counts; a message naming the value if it is neither.
+std::string parse_nnodes(const std::string& text, Options& opt) {
+  const std::string bad = "--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got '" + text + "'";
+  try {
+    size_t used = 0;
+    const auto colon = text.find(':');
+    opt.min_nodes = std::stoi(text.substr(0, colon), &used);
+    if (used != (colon == std::string::npos ? text.size() : colon)) return bad;
+    opt.max_nodes = colon == std::string::npos ? opt.min_nodes : std::stoi(text.substr(colon + 1), &used);
+    if (colon != std::string::npos && used != text.size() - colon - 1) return bad;
+  } catch (const std::exception&) {
+    return bad;
+  }
+  if (opt.min_nodes < 1 || opt.max_nodes < opt.min_nodes) return bad;
+  opt.nnodes = opt.max_nodes;
+  return "";
+}
+
+// torchrun's --rdzv-conf: "key=value,...".
+std::string parse_rdzv_conf(const std::string& text, Options& opt) {
+  std::istringstream items(text);
+  for (std::string item; std::getline(items, item, ',');) {
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    double number = -1;
+    try {
+      size_t used = 0;
+      number = std::stod(value, &used);
+      if (used != value.size()) number = -1;
+    } catch (const std::exception&) {
+    }
+    if (!(number > 0 && number <= 1e7))
+      return "--rdzv-conf " + key + " must be a positive number of seconds (or attempts), got '" + value + "'";
+    if (key == "join_timeout") opt.join_timeout = number;
+    else if (key == "last_call_timeout") opt.last_call_timeout = number;
+    else if (key == "keep_alive_interval") opt.keep_alive_interval = number;
+    else if (key == "keep_alive_max_attempt") opt.keep_alive_max_attempt = static_cast<int>(number);
+    else return "--rdzv-conf has no key '" + key + "' (join_timeout, last_call_timeout, keep_alive_interval, "
+                "keep_alive_max_attempt)";
+  }
+  return "";
+}
 
 // Returns the exit code if parsing ends the program (--help or a bad flag),
 // or -1 to go on.
@@ -61,6 +107,13 @@ int parse_options(int argc, char** argv, Options& opt) {
       "others get --exit-wait-seconds to follow; those still running then are named,\n"
       "and if one of them is stopped (SIGSTOP), or --exit-wait-seconds was given, the\n"
       "job is stopped with exit code 1 (otherwise fsdpp-run waits for ranks at work).\n"
+      "With --rdzv-endpoint HOST:PORT (torchrun's c10d rendezvous) the launchers of\n"
+      "all nodes meet at a store the launcher on HOST serves, and agree on node ranks\n"
+      "and the world; with --nnodes MIN:MAX the job re-forms on at least MIN nodes when\n"
+      "a node is lost, and admits a node waiting to join (the ranks get SIGTERM and\n"
+      "--signal-grace-seconds to save first). FSDPP_STORE_SECRET (at least 16\n"
+      "characters, the same on every node, never printed) puts the store's keys where\n"
+      "only the job finds them.\n"
       "After a failure fsdpp-run prints a summary: each rank's fate, and whom\n"
       "timed-out ranks name as missing. When its stdout is a terminal, the ranks get\n"
       "FSDPP_STDOUT_IS_TERMINAL=1, and what a rank redraws with carriage returns (a\n"
@@ -70,8 +123,24 @@ int parse_options(int argc, char** argv, Options& opt) {
   app.add_option("--nproc-per-node,--nproc_per_node", opt.nproc_per_node,
                  "Processes (ranks) to start on this node")
       ->capture_default_str();
-  auto* nnodes = app.add_option("--nnodes", opt.nnodes, "Number of nodes in the job (in an srun step: SLURM_NNODES)")
+  std::string nnodes_text = "1";
+  auto* nnodes = app.add_option("--nnodes", nnodes_text,
+                                "Number of nodes in the job, or MIN:MAX for an elastic job (in an srun step: "
+                                "SLURM_NNODES)")
                      ->capture_default_str();
+  std::string rdzv_backend = "static", rdzv_conf;
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", opt.rdzv_endpoint,
+                 "HOST:PORT of the elastic rendezvous's store (torchrun's c10d backend), served by the launcher "
+                 "on HOST; turns the elastic rendezvous on");
+  app.add_option("--rdzv-backend,--rdzv_backend", rdzv_backend,
+                 "c10d (with --rdzv-endpoint) or static (--master-addr and --node-rank)")
+      ->check(CLI::IsMember({"c10d", "static"}))
+      ->capture_default_str();
+  app.add_option("--rdzv-id,--rdzv_id", opt.rdzv_id, "The job's id in the rendezvous, the same on every node")
+      ->capture_default_str();
+  app.add_option("--rdzv-conf,--rdzv_conf", rdzv_conf,
+                 "join_timeout=S,last_call_timeout=S,keep_alive_interval=S,keep_alive_max_attempt=N "
+                 "(torchrun's; defaults 600, 30, 5, 3)");
   auto* node_rank = app.add_option("--node-rank,--node_rank", opt.node_rank,
                                    "Rank of this node, in [0, nnodes) (in an srun step: SLURM_NODEID)")
                         ->capture_default_str();
@@ -105,6 +174,30 @@ int parse_options(int argc, char** argv, Options& opt) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kUsageError;
+  }
+  if (std::string error = parse_nnodes(nnodes_text, opt) + parse_rdzv_conf(rdzv_conf, opt); !error.empty()) {
+    say(error);
+    return kUsageError;
+  }
+  if (!opt.rdzv_endpoint.empty()) {
+    const auto colon = opt.rdzv_endpoint.rfind(':');
+    opt.rdzv_host = opt.rdzv_endpoint.substr(0, colon == std::string::npos ? 0 : colon);
+    if (opt.rdzv_host.size() > 2 && opt.rdzv_host.front() == '[' && opt.rdzv_host.back() == ']')
+      opt.rdzv_host = opt.rdzv_host.substr(1, opt.rdzv_host.size() - 2);  // [::1]:29400
+    try {
+      size_t used = 0;
+      opt.rdzv_port = std::stoi(opt.rdzv_endpoint.substr(colon + 1), &used);
+      if (used != opt.rdzv_endpoint.size() - colon - 1) opt.rdzv_port = 0;
+    } catch (const std::exception&) {
+    }
+    if (colon == std::string::npos || opt.rdzv_host.empty() || opt.rdzv_port < 1 || opt.rdzv_port > 65535) {
+      say("--rdzv-endpoint must be HOST:PORT with a port in [1, 65535], got '" + opt.rdzv_endpoint + "'");
+      return kUsageError;
+    }
+  }
+  if (rdzv_backend == "c10d" && opt.rdzv_endpoint.empty()) {
+    say("--rdzv-backend c10d needs --rdzv-endpoint HOST:PORT");
+    return kUsageError;
   }
   opt.exit_wait_given = exit_wait->count() > 0;
   opt.master_port_given = master_port->count() > 0;
@@ -146,9 +239,14 @@ std::string validate(const Options& o) {
     return "--signal-grace-seconds must be in [0, 86400]" + got(o.signal_grace_seconds);
   if (o.max_restarts < 0 || o.max_restarts > 1000000)
     return "--max-restarts must be in [0, 1000000]" + got(o.max_restarts);
-  if (o.max_restarts > 0 && o.nnodes > 1)
-    return "--max-restarts restarts a single-node job: the launchers of " + std::to_string(o.nnodes) +
-           " nodes cannot agree on a restart (no elastic rendezvous yet); let the scheduler requeue the job";
+  if (o.max_restarts > 0 && o.nnodes > 1 && !o.elastic())
+    return "--max-restarts across " + std::to_string(o.nnodes) + " nodes needs the elastic rendezvous, where "
+           "the launchers agree on each restart (--rdzv-endpoint HOST:PORT)";
+  if (o.min_nodes != o.max_nodes && !o.elastic())
+    return "--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes) +
+           " needs the elastic rendezvous (--rdzv-endpoint HOST:PORT)";
+  if (o.elastic() && o.node_rank_given)
+    return "--node-rank is the rendezvous's to give in an elastic job (--rdzv-endpoint): drop it";
   if (!(o.timeout_seconds >= 0 && o.timeout_seconds <= 1e7))
     return "--timeout must be in [0, 1e7] seconds (0: the program's own)" + got(o.timeout_seconds);
   if (!(o.exit_wait_seconds >= 0 && o.exit_wait_seconds <= 1e7))
@@ -161,8 +259,8 @@ std::string validate(const Options& o) {
 int main(int argc, char** argv) {
   Options opt;
   if (int code = parse_options(argc, argv, opt); code >= 0) return code;
-  try {
-    if (std::string line = fsdpp_run::adopt_slurm_allocation(opt); !line.empty()) say(line);
+  try {  // an elastic job's nodes come from its rendezvous
+    if (std::string line = opt.elastic() ? "" : fsdpp_run::adopt_slurm_allocation(opt); !line.empty()) say(line);
   } catch (const std::exception& e) {
     say(e.what());
     return kUsageError;
@@ -171,5 +269,10 @@ int main(int argc, char** argv) {
     say(error);
     return kUsageError;
   }
+  const std::string store = opt.elastic() ? opt.rdzv_endpoint : opt.master_addr + ":" + std::to_string(opt.master_port);
+  if ((opt.elastic() || opt.nnodes > 1) && !std::getenv(fsdpp::kStoreSecretVariable) &&
+      !fsdpp::is_loopback(opt.elastic() ? opt.rdzv_host : opt.master_addr))
+    say("the job's store at " + store + " takes keys from anyone who reaches it: set " +
+        fsdpp::kStoreSecretVariable + " to the same secret on every node (docs/api.md)");
   return fsdpp_run::run_job(opt);
 }

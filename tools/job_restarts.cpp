@@ -1,11 +1,8 @@
 // An fsdpp-run job: attempts of all ranks, restarted after a failure up to --max-restarts
 // times (torchrun's flag: a budget for the job, every rank restarted together), and the
 // single-node store's loopback socket each attempt serves on.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/signalfd.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,30 +15,7 @@
 #include "launcher.h"
 
 namespace fsdpp_run {
-namespace {
 
-// A socket listening on 127.0.0.1 at a port the kernel picks: nothing another machine can reach,
-// and never a port another job holds (torchrun's --standalone picks a free port too, but then
-// lets it go before the ranks bind it). Rank 0's store serves on it. Returns -1 with errno set.
-int listen_on_free_loopback_port(int& port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(fd, SOMAXCONN) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const int error = errno;
-    close(fd);
-    errno = error;
-    return -1;
-  }
-  port = ntohs(addr.sin_port);
-  return fd;
-}
-
-// Why a restart cannot help an attempt that ended so, or "" when it may.
 std::string why_not_restarted(const AttemptEnd& end) {
   if (end.forwarded_signal != 0) return "fsdpp-run was told to stop";
   switch (end.exit_code) {
@@ -58,7 +32,6 @@ std::string why_not_restarted(const AttemptEnd& end) {
   }
 }
 
-// A SIGINT or SIGTERM that came while no ranks ran; reaps leftovers' SIGCHLDs on the way.
 int pending_stop_signal(int signal_fd) {
   signalfd_siginfo info;
   int stop = 0;
@@ -68,6 +41,8 @@ int pending_stop_signal(int signal_fd) {
   }
   return stop;
 }
+
+namespace {
 
 // "attempt 1 of 3".
 std::string attempt_name(int number, const Options& o) {
@@ -80,14 +55,20 @@ int run_job(const Options& options) {
   sigset_t original_mask;
   const int signal_fd = start_supervising(original_mask);
   if (signal_fd < 0) return 1;
+  if (options.elastic()) return run_elastic_job(options, signal_fd, original_mask);
   // Only a single-node job meeting on loopback gets the launcher's own port; nodes (and a job
   // told to meet at another address) meet at --master-addr:--master-port.
   const bool own_port = options.nnodes == 1 && !options.master_port_given && fsdpp::is_loopback(options.master_addr);
   std::vector<AttemptEnd> ends;
   for (int number = 0;; ++number) {
-    Attempt attempt{number, options.master_port, -1};
+    Attempt attempt;
+    attempt.number = number;
+    attempt.master_port = options.master_port;
     // A fresh socket per attempt: nothing a dead attempt's rank left queued reaches the next one.
-    if (own_port && (attempt.store_listen_fd = listen_on_free_loopback_port(attempt.master_port)) < 0) {
+    // 127.0.0.1 at a port the kernel picks: nothing another machine can reach, and never a port
+    // another job holds (torchrun's --standalone picks a free port too, but then lets it go
+    // before the ranks bind it). Rank 0's store serves on it.
+    if (own_port && (attempt.store_listen_fd = listen_on("127.0.0.1", 0, attempt.master_port)) < 0) {
       say(std::string("cannot listen on a free port of 127.0.0.1 for the job's store: ") + strerror(errno));
       return 1;
     }
@@ -102,8 +83,7 @@ int run_job(const Options& options) {
       if (const int sig = pending_stop_signal(signal_fd)) {
         ends.back().forwarded_signal = sig;
         ends.back().exit_code = 128 + sig;
-        why_not = "fsdpp-run received " + std::string(sigabbrev_np(sig) ? "SIG" : "signal ") +
-                  (sigabbrev_np(sig) ? sigabbrev_np(sig) : std::to_string(sig));
+        why_not = "fsdpp-run received " + signal_name(sig);
       }
     }
     if (!why_not.empty()) {

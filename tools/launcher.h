@@ -3,6 +3,7 @@
 // (rank_supervisor.cpp), and the job: attempts and restarts (job_restarts.cpp).
 #include <signal.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,18 @@ struct Options {
   double exit_wait_seconds = 300;    // after a clean exit, how long the others may take
   bool exit_wait_given = false;      // given: every rank still running then is stopped, not only stopped ones
   std::vector<std::string> command;  // program and its arguments
+
+  // The elastic rendezvous (torchrun's c10d backend), on when --rdzv-endpoint is given.
+  int min_nodes = 1, max_nodes = 1;  // --nnodes MIN:MAX (N means N:N)
+  std::string rdzv_endpoint;         // HOST:PORT of the rendezvous store
+  std::string rdzv_host;
+  int rdzv_port = 0;
+  std::string rdzv_id = "none";
+  double join_timeout = 600;         // --rdzv-conf, torchrun's keys and defaults
+  double last_call_timeout = 30;     // once MIN nodes are in, how long others may still join
+  double keep_alive_interval = 5;    // a node that has not beaten for interval x max_attempt is lost
+  int keep_alive_max_attempt = 3;
+  bool elastic() const { return !rdzv_endpoint.empty(); }
 };
 
 // Exit codes that mean something to the launcher.
@@ -38,6 +51,10 @@ struct Attempt {
   int number = 0;            // TORCHELASTIC_RESTART_COUNT: 0, then 1 for the first restart...
   int master_port = 0;       // MASTER_PORT for this attempt
   int store_listen_fd = -1;  // a listening loopback socket rank 0's store serves on, or -1
+  // An elastic round: the launchers' store serves the ranks too (TORCHELASTIC_USE_AGENT_STORE),
+  // and the round ends early when this returns a reason (a node lost, one waiting to join).
+  bool agent_store = false;
+  std::function<std::string()> membership_changed;
 };
 
 // How an attempt ended: the launcher's exit code if it is the last, and why, in a few words.
@@ -45,6 +62,7 @@ struct AttemptEnd {
   int exit_code = 0;
   std::string reason;        // "rank 1 (pid 123) was killed by SIGKILL", "all ranks exited with code 0"
   int forwarded_signal = 0;  // a SIGINT/SIGTERM the launcher received and passed on: the job ends
+  bool membership_changed = false;  // stopped because Attempt::membership_changed said so
 };
 
 // Inside an srun step of a Slurm job, sets the nodes, this node's rank and the store's address
@@ -67,5 +85,21 @@ AttemptEnd run_attempt(const Options& options, const Attempt& attempt, int signa
 // Runs attempts until one succeeds, cannot be helped by a restart, or --max-restarts are spent;
 // returns fsdpp-run's exit code.
 int run_job(const Options& options);
+
+// The same for one node of an elastic job: each attempt is a rendezvous round (elastic_job.cpp).
+int run_elastic_job(const Options& options, int signal_fd, const sigset_t& original_mask);
+
+// Why a restart cannot help an attempt that ended so, or "" when it may.
+std::string why_not_restarted(const AttemptEnd& end);
+
+// A SIGINT or SIGTERM that came while no ranks ran (0 if none); reaps leftovers on the way.
+int pending_stop_signal(int signal_fd);
+
+// "SIGTERM".
+std::string signal_name(int sig);
+
+// A socket listening on `address` (a name or a numeric address) at `port` (0: one the kernel
+// picks), close-on-exec; sets `bound_port`. -1 with errno set if it cannot.
+int listen_on(const std::string& address, int port, int& bound_port);
 
 }  // namespace fsdpp_run

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,12 @@
 #include "run_summary.h"
 
 namespace fsdpp_run {
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);  // null for real-time signals
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
 namespace {
 
 // ---------------------------------------------------------------- ranks
@@ -56,6 +63,10 @@ void set_rank_env(const Options& o, const Attempt& a, int local_rank) {
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(a.number));
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts));
   set("FSDPP_RESTART_COUNT", std::to_string(a.number));
+  if (a.agent_store) {  // every rank a client of the launchers' store, under the round's prefix
+    set("TORCHELASTIC_USE_AGENT_STORE", "True");
+    set("TORCHELASTIC_RUN_ID", o.rdzv_id);
+  }
   // Rank 0's store serves on the launcher's loopback socket (src/comm/store_socket.h).
   if (a.store_listen_fd >= 0 && o.node_rank == 0 && local_rank == 0) {
     fcntl(a.store_listen_fd, F_SETFD, 0);  // inherited across exec by this rank only
@@ -85,6 +96,9 @@ void set_rank_env(const Options& o, const Attempt& a, int local_rank) {
   signal(SIGPIPE, SIG_DFL);  // undo the launcher's own signal setup
   sigprocmask(SIG_SETMASK, &original_mask, nullptr);
   set_rank_env(o, a, local_rank);
+  // The launcher's rendezvous store and its connections stay with the launcher.
+  for (int fd = 3; fd < 1024; ++fd)
+    if (fd != a.store_listen_fd) fcntl(fd, F_SETFD, FD_CLOEXEC);
 
   std::vector<char*> argv;
   for (const auto& arg : o.command) argv.push_back(const_cast<char*>(arg.c_str()));
@@ -124,11 +138,6 @@ bool spawn(Rank& r, const Options& o, const Attempt& a, int local_rank, const si
   return true;
 }
 
-std::string signal_name(int sig) {
-  const char* abbrev = sigabbrev_np(sig);  // null for real-time signals
-  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
-}
-
 std::string describe_exit(const Rank& r, int status) {
   std::string who = "rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ")";
   if (WIFSIGNALED(status))
@@ -153,6 +162,8 @@ using Clock = std::chrono::steady_clock;
 // A rank's collective-timeout report asks the store for at most 5 s (src/comm/hang_report.cpp);
 // the others get that and a second more before a timed-out rank's exit stops them.
 constexpr std::chrono::seconds kReportWait{6};
+// How often an elastic round asks the rendezvous whether it goes on.
+constexpr std::chrono::milliseconds kMembershipPoll{500};
 
 // Owns the ranks: relays their output, reaps them, and stops them all when
 // one fails or the launcher is signalled.
@@ -184,8 +195,12 @@ class Supervisor {
   void check_laggards();
   bool reports_pending() const;
   void print_summary() const;
+  void check_membership();
 
   std::vector<Rank> ranks_;
+  std::function<std::string()> membership_changed_;
+  Clock::time_point next_membership_check_;
+  bool membership_stop_ = false;    // the ranks were stopped for a new round
   double grace_;
   double signal_grace_;
   double exit_wait_;
@@ -207,6 +222,7 @@ class Supervisor {
 };
 
 void Supervisor::start(const Options& o, const Attempt& a, const sigset_t& original_mask) {
+  membership_changed_ = a.membership_changed;
   ranks_.resize(static_cast<size_t>(o.nproc_per_node));
   for (int local = 0; local < o.nproc_per_node; ++local) {
     if (!spawn(ranks_[static_cast<size_t>(local)], o, a, local, original_mask)) {
@@ -244,6 +260,10 @@ AttemptEnd Supervisor::run() {
       check_laggards();
       continue;
     }
+    if (!stopping_ && membership_changed_ && Clock::now() >= next_membership_check_) {
+      check_membership();
+      continue;
+    }
     wait_for_events();
   }
   for (auto& r : ranks_) {
@@ -261,9 +281,20 @@ AttemptEnd Supervisor::run() {
         reason_ += "; but " + describe_exit(r, r.status) + " without saving";
         break;
       }
-  if (exit_code_ != 0 && forwarded_signal_ == 0 && exit_code_ != kPreemptedExitCode) print_summary();
+  if (exit_code_ != 0 && forwarded_signal_ == 0 && exit_code_ != kPreemptedExitCode && !membership_stop_)
+    print_summary();
   if (reason_.empty()) reason_ = "all ranks exited with code 0";
-  return AttemptEnd{exit_code_, reason_, forwarded_signal_};
+  return AttemptEnd{exit_code_, reason_, forwarded_signal_, membership_stop_};
+}
+
+// A new round stops the ranks as a scheduler does: SIGTERM and the signal grace, time to save.
+void Supervisor::check_membership() {
+  next_membership_check_ = Clock::now() + kMembershipPoll;
+  const std::string reason = membership_changed_();
+  if (reason.empty()) return;
+  membership_stop_ = true;
+  say(reason + "; stopping the ranks (SIGTERM, SIGKILL in " + seconds(signal_grace_) + ")");
+  stop(SIGTERM, 1, reason, signal_grace_);
 }
 
 bool Supervisor::all_preempted() const {
@@ -385,6 +416,10 @@ int Supervisor::poll_timeout_ms() const {
   // Grandchildren are not our children (unless orphaned), so their deaths
   // wake nobody: poll for their groups to empty.
   if (!any_running()) timeout = timeout < 0 ? 100 : std::min(timeout, 100);
+  if (!stopping_ && membership_changed_) {
+    const int check = until(next_membership_check_);
+    timeout = timeout < 0 ? check : std::min(timeout, check);
+  }
   return timeout;
 }
 

@@ -24,6 +24,7 @@
 #include "comm/process_group_impl.h"
 #include "comm/store_socket.h"
 #include "common/loopback.h"
+#include "common/store_secret.h"
 #include "compat/cuda_runtime.h"
 #include "compat/tcp_store_options.h"
 #include "profiler/timeline.h"
@@ -230,10 +231,14 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o, std::chrono::millisecond
   // missing ones; the store's own wait would spend a whole timeout first and name nobody.
   store_options.waitWorkers = false;
   store_options.timeout = timeout;
+  const char* secret = std::getenv(kStoreSecretVariable);
+  if (secret && !store_secret_problem(secret).empty()) throw Error(store_secret_problem(secret));
   if (store_options.isServer)
     store_options.masterListenFd = detail::store_listen_socket(host, port, o.init_method() == "env://");
   try {
     r.store = c10::make_intrusive<c10d::TCPStore>(host, store_options);
+    if (secret)  // every key under it, the ranks' and the launchers'
+      r.store = c10::make_intrusive<c10d::PrefixStore>(store_secret_prefix(secret), r.store);
     if (use_agent_store) {
       const std::string attempt = std::getenv("TORCHELASTIC_RESTART_COUNT") ? std::getenv("TORCHELASTIC_RESTART_COUNT") : "0";
       r.store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + attempt, r.store);

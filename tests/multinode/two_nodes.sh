@@ -4,7 +4,7 @@
 #   two_nodes.sh FSDPP_RUN TRAIN_TRANSFORMER TRAIN_STEPS SCENARIO
 # SCENARIO:
 #   train         2 x 2 ranks train the main job's transformer; it checks parity with a single
-#                 process itself (exit 1 otherwise); GLOO_SOCKET_IFNAME unset
+#                 process itself (exit 1 otherwise); GLOO_SOCKET_IFNAME unset, FSDPP_STORE_SECRET set
 #   train-ifname  the same with GLOO_SOCKET_IFNAME set to each node's veth
 #   kill-node1    once every rank trains, node 1's launcher is SIGKILLed (its ranks die with it):
 #                 node 0 must exit non-zero within 20 s
@@ -14,38 +14,10 @@
 #                 no --nnodes, --node-rank, --master-addr or --master-port), and the job trains
 #   slurm-direct  as srun --ntasks-per-node=2 train_transformer: four ranks, no launcher, each with
 #                 SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, ...; init_process_group forms the job
-# Needs root and iproute2 (exit 77, a skip, otherwise). The namespaces are removed whatever
-# happens; every wait has a deadline.
+# The namespaces come from namespaces.sh; every wait has a deadline.
 set -u
 run=$1 transformer=$2 steps=$3 scenario=$4
-[ "$(id -u)" -eq 0 ] || { echo "two_nodes: needs root (network namespaces)"; exit 77; }
-command -v ip >/dev/null || { echo "two_nodes: needs iproute2"; exit 77; }
-
-id=$$
-n0=fsdpp-n0-$id n1=fsdpp-n1-$id
-work=$(mktemp -d)
-cleanup() {
-  for p in $(cat "$work"/launcher.* "$work"/pid.? 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-  ip netns del "$n0" 2>/dev/null
-  ip netns del "$n1" 2>/dev/null  # takes the veth pair with it
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-ip netns add "$n0" && ip netns add "$n1" || { echo "two_nodes: cannot make namespaces"; exit 77; }
-ip link add "fv0-$id" type veth peer name "fv1-$id" || exit 1
-ip link set "fv0-$id" netns "$n0" && ip link set "fv1-$id" netns "$n1" || exit 1
-# in_ns NS CMD...: CMD in NS's network namespace only. Not `ip -n` / `ip netns exec`: they also
-# remount / and /sys, which fails in a chroot (the Debian 13 leg of CI runs in one).
-in_ns() {
-  ns=$1
-  shift
-  nsenter --net="/run/netns/$ns" "$@"
-}
-in_ns "$n0" ip addr add 10.231.7.1/24 dev "fv0-$id" && in_ns "$n1" ip addr add 10.231.7.2/24 dev "fv1-$id" || exit 1
-for n in "$n0" "$n1"; do in_ns "$n" ip link set lo up; done
-in_ns "$n0" ip link set "fv0-$id" up && in_ns "$n1" ip link set "fv1-$id" up || exit 1
+. "$(dirname "$0")/namespaces.sh"
 
 port=29731
 timeout=30  # fsdpp-run --timeout: no wait below can hang for long
@@ -53,8 +25,7 @@ timeout=30  # fsdpp-run --timeout: no wait below can hang for long
 node() {
   r=$1 program=$2
   shift 2
-  ns=$n0
-  [ "$r" -eq 1 ] && ns=$n1
+  ns=$(ns_of "$r")
   # A simple command, not in_ns: $! must be fsdpp-run itself (nsenter and env exec it), not a
   # subshell running a function.
   nsenter --net="/run/netns/$ns" env D="$work" OPENBLAS_NUM_THREADS=1 "$@" \
@@ -63,33 +34,10 @@ node() {
   echo $! >"$work/launcher.$r"
 }
 
-# await PID SECONDS: its exit code, or 124 (after killing it) if still running at the deadline.
-await() {
-  i=0
-  while kill -0 "$1" 2>/dev/null; do
-    i=$((i + 1))
-    if [ $i -gt $(($2 * 10)) ]; then kill -KILL "$1"; wait "$1" 2>/dev/null; return 124; fi
-    sleep 0.1
-  done
-  wait "$1"
-}
-
-# alive PID: still running 2 s from now (a zombie is gone: PID 1 here may never reap orphans).
-alive() {
-  i=0
-  while kill -0 "$1" 2>/dev/null && [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" != Z ]; do
-    i=$((i + 1)); [ $i -gt 20 ] && return 0; sleep 0.1
-  done
-  return 1
-}
-
 # slurm_env NODE: what srun sets in every task of a 2-node step (the per-task ones come later).
 slurm_env() {
   echo SLURM_JOB_ID=4242 SLURM_STEP_ID=0 SLURM_JOB_NODELIST=10.231.7.[1-2] SLURM_NNODES=2 SLURM_NODEID=$1
 }
-
-show() { for r in 0 1; do [ -f "$work/node$r.log" ] && sed "s/^/node$r: /" "$work/node$r.log"; done; }
-fail() { show; echo "two_nodes: FAILED: $*"; exit 1; }
 
 case $scenario in
   train|train-ifname)
@@ -97,7 +45,8 @@ case $scenario in
       node 0 "$transformer" GLOO_SOCKET_IFNAME="fv0-$id"
       node 1 "$transformer" GLOO_SOCKET_IFNAME="fv1-$id"
     else
-      node 0 "$transformer" && node 1 "$transformer"
+      # The ranks' keys under a secret (rank 0 serves the store): every rank must agree on it.
+      node 0 "$transformer" FSDPP_STORE_SECRET=two-nodes-test-secret && node 1 "$transformer" FSDPP_STORE_SECRET=two-nodes-test-secret
     fi
     await "$(cat "$work/launcher.0")" 240; c0=$?
     await "$(cat "$work/launcher.1")" 30; c1=$?
@@ -132,8 +81,7 @@ case $scenario in
     echo "two_nodes: node 0 alone ended with exit code $c0 after $took s" ;;
   slurm-launcher)
     for r in 0 1; do
-      ns=$n0
-      [ "$r" -eq 1 ] && ns=$n1
+      ns=$(ns_of "$r")
       # shellcheck disable=SC2046
       nsenter --net="/run/netns/$ns" env OPENBLAS_NUM_THREADS=1 $(slurm_env $r) SLURM_NTASKS=2 SLURM_PROCID=$r \
         SLURM_LOCALID=0 "$run" --nproc-per-node 2 --timeout "$timeout" "$transformer" >"$work/node$r.log" 2>&1 &
@@ -148,8 +96,8 @@ case $scenario in
     show | grep -E "Slurm job|OK:" ;;
   slurm-direct)
     for p in 0 1 2 3; do
-      r=$((p / 2)) ns=$n0
-      [ "$r" -eq 1 ] && ns=$n1
+      r=$((p / 2))
+      ns=$(ns_of "$r")
       # shellcheck disable=SC2046
       nsenter --net="/run/netns/$ns" env -u RANK -u WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT OPENBLAS_NUM_THREADS=1 \
         OMP_NUM_THREADS=1 FSDPP_TIMEOUT_SECONDS=$timeout $(slurm_env $r) SLURM_NTASKS=4 SLURM_PROCID=$p \

@@ -1,0 +1,104 @@
+// fsdpp-run's elastic rendezvous with two launchers on one machine (the store on loopback):
+// one world formed from both, a failed rank re-forming it, a failure past the budget ending
+// every node, and the options it refuses. tests/multinode/elastic_nodes.sh runs it across
+// network namespaces with real training.
+#include "launcher_fixture.h"
+
+namespace {
+
+using namespace fsdpp_run_test;  // NOLINT: the fixture is this file's vocabulary
+
+class ElasticLauncher : public Launcher {
+ protected:
+  // Flags for one of two launchers meeting at 127.0.0.1:`port`.
+  static std::vector<std::string> node_flags(int port, std::vector<std::string> more = {}) {
+    std::vector<std::string> flags{"--nproc-per-node", "2", "--nnodes", "2", "--rdzv-endpoint",
+                                   "127.0.0.1:" + std::to_string(port), "--rdzv-id", "test",
+                                   "--rdzv-conf", "join_timeout=20,last_call_timeout=1"};
+    flags.insert(flags.end(), more.begin(), more.end());
+    return flags;
+  }
+};
+
+TEST_F(ElasticLauncher, TwoLaunchersFormOneWorld) {
+  const std::string script = "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $TORCHELASTIC_USE_AGENT_STORE $MASTER_ADDR $MASTER_PORT\"";
+  auto a = start(node_flags(29651), script);
+  auto b = start(node_flags(29651), script);
+  Outcome oa = a->finish(), ob = b->finish();
+  ASSERT_EQ(oa.exit_code, 0) << oa.err;
+  ASSERT_EQ(ob.exit_code, 0) << ob.err;
+  std::vector<std::string> lines = lines_of(oa.out), more = lines_of(ob.out);
+  lines.insert(lines.end(), more.begin(), more.end());
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines, (std::vector<std::string>{"[rank0]: 0 4 0 True 127.0.0.1 29651", "[rank1]: 1 4 1 True 127.0.0.1 29651",
+                                             "[rank2]: 2 4 0 True 127.0.0.1 29651", "[rank3]: 3 4 1 True 127.0.0.1 29651"}))
+      << oa.out << ob.out;
+  EXPECT_TRUE(contains(oa.err + ob.err, "node 0 of 2, ranks 0-1 of a world of 4")) << oa.err << ob.err;
+  EXPECT_TRUE(contains(oa.err + ob.err, "node 1 of 2, ranks 2-3 of a world of 4")) << oa.err << ob.err;
+}
+
+TEST_F(ElasticLauncher, FailedRankReformsTheWorldWithinTheBudget) {
+  // Round 0: rank 3 fails while the others wait; round 1: all succeed.
+  const std::string script =
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then [ \"$RANK\" = 3 ] && { sleep 0.5; exit 1; }; sleep 30; exit 9; "
+      "fi; echo \"round $TORCHELASTIC_RESTART_COUNT rank $RANK\"";
+  auto a = start(node_flags(29652, {"--max-restarts", "1"}), script);
+  auto b = start(node_flags(29652, {"--max-restarts", "1"}), script);
+  Outcome oa = a->finish(), ob = b->finish();
+  ASSERT_FALSE(oa.timed_out || ob.timed_out);
+  EXPECT_EQ(oa.exit_code, 0) << oa.err;
+  EXPECT_EQ(ob.exit_code, 0) << ob.err;
+  const std::string err = oa.err + ob.err, out = oa.out + ob.out;
+  EXPECT_TRUE(contains(err, "rank 3 (pid")) << err;
+  EXPECT_TRUE(contains(err, "re-forming (restart 1 of 1 for this node)")) << err;
+  EXPECT_TRUE(contains(err, "node 1: rank 3")) << "the other node is not told why:\n" << err;
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_TRUE(contains(out, "round 1 rank " + std::to_string(rank))) << out;
+  EXPECT_LT(std::max(oa.seconds, ob.seconds), 15);  // the sleeping ranks were stopped, not waited for
+}
+
+TEST_F(ElasticLauncher, FailurePastTheBudgetEndsEveryNode) {
+  const std::string script = "[ \"$RANK\" = 3 ] && { sleep 0.5; exit 7; }; sleep 30";
+  auto a = start(node_flags(29653), script);
+  auto b = start(node_flags(29653), script);
+  Outcome oa = a->finish(), ob = b->finish();
+  ASSERT_FALSE(oa.timed_out || ob.timed_out);
+  const Outcome& failed = contains(oa.err, "ranks 2-3") ? oa : ob;
+  const Outcome& other = &failed == &oa ? ob : oa;
+  EXPECT_EQ(failed.exit_code, 7) << failed.err;
+  EXPECT_TRUE(contains(failed.err, "not restarted: no restarts left (--max-restarts 0)")) << failed.err;
+  EXPECT_EQ(other.exit_code, 1) << other.err;
+  EXPECT_TRUE(contains(other.err, "the job failed on another node: node 1: rank 3 (pid")) << other.err;
+  EXPECT_LT(std::max(oa.seconds, ob.seconds), 15);
+}
+
+TEST_F(ElasticLauncher, RefusesWhatTheRendezvousCannotDo) {
+  const std::string endpoint = "127.0.0.1:29654";
+  struct Case {
+    std::vector<std::string> flags;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--nnodes", "2:1", "--rdzv-endpoint", endpoint}, "--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got '2:1'"},
+           {{"--nnodes", "two"}, "got 'two'"},
+           {{"--nnodes", "1:2"}, "--nnodes 1:2 needs the elastic rendezvous (--rdzv-endpoint HOST:PORT)"},
+           {{"--nnodes", "2", "--max-restarts", "1"}, "--max-restarts across 2 nodes needs the elastic rendezvous"},
+           {{"--rdzv-endpoint", "127.0.0.1"}, "--rdzv-endpoint must be HOST:PORT"},
+           {{"--rdzv-endpoint", "127.0.0.1:0"}, "--rdzv-endpoint must be HOST:PORT"},
+           {{"--rdzv-backend", "c10d"}, "--rdzv-backend c10d needs --rdzv-endpoint"},
+           {{"--rdzv-endpoint", endpoint, "--rdzv-conf", "join_timeout=soon"}, "join_timeout must be a positive"},
+           {{"--rdzv-endpoint", endpoint, "--rdzv-conf", "patience=3"}, "--rdzv-conf has no key 'patience'"},
+           {{"--rdzv-endpoint", endpoint, "--nnodes", "2", "--node-rank", "1"}, "--node-rank is the rendezvous's"},
+       }) {
+    Outcome o = run_refused(c.flags);
+    EXPECT_EQ(o.exit_code, 2) << ::testing::PrintToString(c.flags);
+    EXPECT_TRUE(contains(o.err, c.says)) << o.err;
+  }
+  // A secret too short to be one: named, its value never printed.
+  Outcome o = run_refused({"--rdzv-endpoint", endpoint}, {"FSDPP_STORE_SECRET=hunter2"});
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_TRUE(contains(o.err, "FSDPP_STORE_SECRET has 7 characters; a secret needs at least 16")) << o.err;
+  EXPECT_FALSE(contains(o.err, "hunter2")) << o.err;
+}
+
+}  // namespace

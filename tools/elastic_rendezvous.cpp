@@ -1,0 +1,237 @@
+// The elastic rendezvous on c10d's TCPStore. Keys, under "rdzv/<id>/":
+//   round                 the open round's number
+//   failed                why the job failed; no node starts another round
+//   r<R>/joined           nodes that joined round R (an add; a node's count is its node rank + 1)
+//   r<R>/formed           how many of them are its members, set once (compareSet)
+//   r<R>/nproc<K>         node K's ranks
+//   r<R>/beat<K>          node K's heartbeat (an add, so no clocks need to agree)
+//   r<R>/finished<K>      node K's ranks exited 0
+//   r<R>/end              why round R ended, set once
+#include "elastic_rendezvous.h"
+
+#include <poll.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <optional>
+#include <thread>
+
+#include "common/store_secret.h"
+#include "compat/tcp_store_options.h"
+
+namespace fsdpp_run {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<uint8_t> bytes(const std::string& text) { return {text.begin(), text.end()}; }
+std::string text(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+
+Clock::duration seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+std::string without_backtrace(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  const char* secret = std::getenv(fsdpp::kStoreSecretVariable);
+  return fsdpp::redact_store_secret(c10_error ? c10_error->what_without_backtrace() : e.what(), secret ? secret : "");
+}
+
+// Waits up to `ms` for a SIGINT/SIGTERM on the launcher's signal descriptor; throws if one came.
+void wait_unless_told_to_stop(int signal_fd, int ms) {
+  pollfd fd{signal_fd, POLLIN, 0};
+  if (poll(&fd, 1, ms) <= 0) return;
+  if (const int sig = pending_stop_signal(signal_fd))
+    throw RendezvousError("fsdpp-run received " + signal_name(sig) + " while waiting for the rendezvous", 128 + sig);
+}
+
+}  // namespace
+
+ElasticRendezvous::ElasticRendezvous(const Options& options) : options_(options) {
+  const char* secret = std::getenv(fsdpp::kStoreSecretVariable);
+  if (secret && !fsdpp::store_secret_problem(secret).empty())
+    throw RendezvousError(fsdpp::store_secret_problem(secret), kUsageErrorExitCode);
+  // Binding succeeds only on an address of this machine: then this launcher serves the store,
+  // on that address alone. Otherwise (another machine's address, or another launcher here
+  // serves it already) it is a client, as torchrun's agents are.
+  int bound = 0;
+  listen_fd_ = listen_on(options.rdzv_host, options.rdzv_port, bound);
+  c10d::TCPStoreOptions store_options = fsdpp::compat::tcp_store_options();
+  store_options.port = static_cast<std::uint16_t>(options.rdzv_port);
+  store_options.isServer = listen_fd_ >= 0;
+  if (listen_fd_ >= 0) store_options.masterListenFd = listen_fd_;
+  store_options.waitWorkers = false;
+  store_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.join_timeout * 1000));
+  try {
+    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(options.rdzv_host, store_options);
+    if (secret) store = c10::make_intrusive<c10d::PrefixStore>(fsdpp::store_secret_prefix(secret), store);
+    store_ = c10::make_intrusive<c10d::PrefixStore>("rdzv/" + options.rdzv_id, store);
+  } catch (const std::exception& e) {
+    throw RendezvousError("cannot reach the rendezvous store at " + options.rdzv_endpoint + " within " +
+                          std::to_string(options.join_timeout) + " s: " + without_backtrace(e));
+  }
+}
+
+std::string ElasticRendezvous::key(const Round& round, const std::string& name) const {
+  return "r" + std::to_string(round.number) + "/" + name;
+}
+
+bool ElasticRendezvous::has(const std::string& key) { return store_->check({key}); }
+
+std::string ElasticRendezvous::value(const std::string& key) { return text(store_->get(key)); }
+
+Round ElasticRendezvous::join(int signal_fd) {
+  const auto deadline = Clock::now() + seconds(options_.join_timeout);
+  const std::string timeout_text = std::to_string(static_cast<long long>(options_.join_timeout));
+  try {
+    for (;;) {
+      if (has("failed")) throw RendezvousError("the job failed: " + value("failed"));
+      Round round;
+      round.number = std::stoi(text(store_->compareSet("round", {}, bytes("0"))));
+      const int64_t arrival = store_->add(key(round, "joined"), 1);
+      round.node_rank = static_cast<int>(arrival - 1);
+      store_->set(key(round, "nproc" + std::to_string(round.node_rank)), bytes(std::to_string(options_.nproc_per_node)));
+      std::optional<Clock::time_point> last_call;
+      while (!has(key(round, "formed"))) {
+        const int64_t joined = counter(key(round, "joined"));
+        if (joined >= options_.min_nodes && !last_call) last_call = Clock::now() + seconds(options_.last_call_timeout);
+        if (joined >= options_.max_nodes || (last_call && Clock::now() >= *last_call)) {
+          store_->compareSet(key(round, "formed"), {}, bytes(std::to_string(std::min<int64_t>(joined, options_.max_nodes))));
+          continue;
+        }
+        if (Clock::now() >= deadline)
+          throw RendezvousError("no rendezvous at " + options_.rdzv_endpoint + " within join_timeout " + timeout_text +
+                                " s: " + std::to_string(joined) + " of at least " + std::to_string(options_.min_nodes) +
+                                " nodes joined round " + std::to_string(round.number));
+        wait_unless_told_to_stop(signal_fd, 100);
+      }
+      round.nnodes = std::stoi(value(key(round, "formed")));
+      if (arrival <= round.nnodes) {
+        for (int k = 0; k < round.nnodes; ++k) {
+          const int nproc = std::stoi(value(key(round, "nproc" + std::to_string(k))));
+          if (nproc != options_.nproc_per_node)
+            throw RendezvousError("node " + std::to_string(k) + " of rendezvous round " + std::to_string(round.number) +
+                                  " starts " + std::to_string(nproc) + " ranks and this node " +
+                                  std::to_string(options_.nproc_per_node) +
+                                  ": every node of an elastic job needs the same --nproc-per-node",
+                                  kUsageErrorExitCode);
+        }
+        beats_seen_.clear();
+        next_beat_ = Clock::now();
+        return round;
+      }
+      // Formed without this node: its members start the next round when they see it waiting.
+      say("rendezvous round " + std::to_string(round.number) + " formed with " + std::to_string(round.nnodes) +
+          " node(s) before this one joined; waiting for the next round");
+      while (std::stoi(value("round")) == round.number) {
+        if (has("failed")) throw RendezvousError("the job failed: " + value("failed"));
+        if (Clock::now() >= deadline)
+          throw RendezvousError("no rendezvous round at " + options_.rdzv_endpoint + " admitted this node within "
+                                "join_timeout " + timeout_text + " s (round " + std::to_string(round.number) +
+                                " has " + std::to_string(round.nnodes) + " of at most " +
+                                std::to_string(options_.max_nodes) + " nodes)");
+        wait_unless_told_to_stop(signal_fd, 200);
+      }
+    }
+  } catch (const RendezvousError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw RendezvousError("rendezvous at " + options_.rdzv_endpoint + " failed: " + without_backtrace(e));
+  }
+}
+
+std::string ElasticRendezvous::lost_node(const Round& round) {
+  const auto now = Clock::now();
+  const double allowed = options_.keep_alive_interval * options_.keep_alive_max_attempt;
+  for (int k = 0; k < round.nnodes; ++k) {
+    if (k == round.node_rank) continue;
+    const int64_t beat = counter(key(round, "beat" + std::to_string(k)));
+    auto seen = beats_seen_.find(k);
+    if (seen == beats_seen_.end() || seen->second.first != beat) {
+      beats_seen_[k] = {beat, now};
+    } else if (now - seen->second.second > seconds(allowed) && !has(key(round, "finished" + std::to_string(k)))) {
+      return "node " + std::to_string(k) + " of rendezvous round " + std::to_string(round.number) +
+             " was lost (no heartbeat for " + std::to_string(static_cast<long long>(allowed)) + " s)";
+    }
+  }
+  return "";
+}
+
+RoundEnd ElasticRendezvous::check(const Round& round) {
+  if (store_lost_) return {};
+  try {
+    if (Clock::now() >= next_beat_) {
+      store_->add(key(round, "beat" + std::to_string(round.node_rank)), 1);
+      next_beat_ = Clock::now() + seconds(options_.keep_alive_interval);
+    }
+    if (has("failed")) return {"the job failed on another node: " + value("failed"), true};
+    if (has(key(round, "end"))) return {value(key(round, "end")), false};
+    const int64_t joined = counter(key(round, "joined"));
+    std::string reason;
+    if (joined > round.nnodes && round.nnodes < options_.max_nodes)
+      reason = std::to_string(joined - round.nnodes) + " node(s) waiting to join";
+    else
+      reason = lost_node(round);
+    if (!reason.empty()) end(round, reason);
+    return {reason, false};
+  } catch (const std::exception& e) {
+    store_lost_ = true;
+    say("lost the rendezvous store at " + options_.rdzv_endpoint + " (" + without_backtrace(e) +
+        "); the ranks go on, but this node can no longer re-form");
+    return {};
+  }
+}
+
+bool ElasticRendezvous::ended(const Round& round) {
+  try {
+    return has(key(round, "end")) || has("failed");
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+void ElasticRendezvous::end(const Round& round, const std::string& reason) {
+  try {
+    store_->compareSet(key(round, "end"), {}, bytes(reason));
+    store_->compareSet("round", bytes(std::to_string(round.number)), bytes(std::to_string(round.number + 1)));
+  } catch (const std::exception& e) {
+    say("cannot tell the other nodes that round " + std::to_string(round.number) + " ended: " + without_backtrace(e));
+  }
+}
+
+void ElasticRendezvous::fail(const std::string& reason) {
+  try {
+    store_->compareSet("failed", {}, bytes(reason));
+  } catch (const std::exception& e) {
+    say("cannot tell the other nodes that the job failed: " + without_backtrace(e));
+  }
+}
+
+void ElasticRendezvous::finish(const Round& round) {
+  try {
+    store_->set(key(round, "finished" + std::to_string(round.node_rank)), bytes("1"));
+    if (!serves_store()) return;
+    auto unfinished = [&] {
+      for (int k = 0; k < round.nnodes; ++k)
+        if (k != round.node_rank && !has(key(round, "finished" + std::to_string(k)))) return true;
+      return false;
+    };
+    const auto deadline = Clock::now() + seconds(options_.exit_wait_seconds);
+    while (unfinished() && lost_node(round).empty() && Clock::now() < deadline) {
+      store_->add(key(round, "beat" + std::to_string(round.node_rank)), 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  } catch (const std::exception& e) {
+    say("rendezvous at " + options_.rdzv_endpoint + ": " + without_backtrace(e));
+  }
+}
+
+}  // namespace fsdpp_run
