@@ -15,6 +15,14 @@ namespace {
 
 std::string round_name(const Round& round) { return "rendezvous round " + std::to_string(round.number); }
 
+// Why this node's failure ends the job rather than the round, or "".
+std::string why_not_restarted_here(const AttemptEnd& end, int failures, const Options& options) {
+  const std::string why_not = why_not_restarted(end);
+  if (why_not.empty() && failures == options.max_restarts)
+    return "no restarts left (--max-restarts " + std::to_string(options.max_restarts) + ")";
+  return why_not;
+}
+
 void print_summary(const std::vector<std::string>& rounds) {
   for (const auto& line : rounds) say("summary: " + line);
 }
@@ -57,6 +65,21 @@ int run_elastic_job(const Options& options, int signal_fd, const sigset_t& origi
       round_end = rendezvous->check(round);
       return round_end.reason;
     };
+    // Decided at once, so that the other nodes, whose ranks now fail on the lost peers, know
+    // the failure was this node's (and spend no restart of theirs on it), and so that no node
+    // starts a round without this one before it has ended the job.
+    const std::string node = "node " + std::to_string(round.node_rank) + ": ";
+    bool failed_here = false;
+    attempt.rank_failed = [&](const std::string& what, int exit_code) {
+      if (rendezvous->ended(round)) return;
+      failed_here = true;
+      AttemptEnd failure;
+      failure.exit_code = exit_code;
+      if (why_not_restarted_here(failure, failures, options).empty())
+        rendezvous->end(round, node + what);
+      else
+        rendezvous->fail(node + what);
+    };
     const AttemptEnd end = run_attempt(round_options, attempt, signal_fd, original_mask);
     summary.push_back(round_name(round) + " (" + std::to_string(round.nnodes) + " node(s)): " + end.reason +
                       (end.membership_changed ? "" : " (exit code " + std::to_string(end.exit_code) + ")"));
@@ -71,22 +94,18 @@ int run_elastic_job(const Options& options, int signal_fd, const sigset_t& origi
       print_summary(summary);
       return 1;
     }
-    if (rendezvous->ended(round)) {
+    if (!failed_here && rendezvous->ended(round)) {
       say(round_name(round) + " had ended when " + end.reason + "; joining the next round");
       continue;
     }
-    std::string why_not = why_not_restarted(end);
-    if (why_not.empty() && failures == options.max_restarts)
-      why_not = "no restarts left (--max-restarts " + std::to_string(options.max_restarts) + ")";
-    const std::string what = "node " + std::to_string(round.node_rank) + ": " + end.reason;
-    if (!why_not.empty()) {
-      rendezvous->fail(what);
+    if (const std::string why_not = why_not_restarted_here(end, failures, options); !why_not.empty()) {
+      rendezvous->fail(node + end.reason);
       say(round_name(round) + " ended (" + end.reason + "); not restarted: " + why_not);
       print_summary(summary);
       return end.exit_code;
     }
     ++failures;
-    rendezvous->end(round, what);
+    rendezvous->end(round, node + end.reason);  // if the failure was not a rank's (a rank could not start)
     say(round_name(round) + " ended (" + end.reason + "); re-forming (restart " + std::to_string(failures) + " of " +
         std::to_string(options.max_restarts) + " for this node)");
   }

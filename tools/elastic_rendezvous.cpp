@@ -93,7 +93,7 @@ Round ElasticRendezvous::join(int signal_fd) {
   const std::string timeout_text = std::to_string(static_cast<long long>(options_.join_timeout));
   try {
     for (;;) {
-      if (has("failed")) throw RendezvousError("the job failed: " + value("failed"));
+      throw_if_failed();
       Round round;
       round.number = std::stoi(text(store_->compareSet("round", {}, bytes("0"))));
       const int64_t arrival = store_->add(key(round, "joined"), 1);
@@ -101,6 +101,7 @@ Round ElasticRendezvous::join(int signal_fd) {
       store_->set(key(round, "nproc" + std::to_string(round.node_rank)), bytes(std::to_string(options_.nproc_per_node)));
       std::optional<Clock::time_point> last_call;
       while (!has(key(round, "formed"))) {
+        throw_if_failed();
         const int64_t joined = counter(key(round, "joined"));
         if (joined >= options_.min_nodes && !last_call) last_call = Clock::now() + seconds(options_.last_call_timeout);
         if (joined >= options_.max_nodes || (last_call && Clock::now() >= *last_call)) {
@@ -132,7 +133,7 @@ Round ElasticRendezvous::join(int signal_fd) {
       say("rendezvous round " + std::to_string(round.number) + " formed with " + std::to_string(round.nnodes) +
           " node(s) before this one joined; waiting for the next round");
       while (std::stoi(value("round")) == round.number) {
-        if (has("failed")) throw RendezvousError("the job failed: " + value("failed"));
+        throw_if_failed();
         if (Clock::now() >= deadline)
           throw RendezvousError("no rendezvous round at " + options_.rdzv_endpoint + " admitted this node within "
                                 "join_timeout " + timeout_text + " s (round " + std::to_string(round.number) +
@@ -146,6 +147,10 @@ Round ElasticRendezvous::join(int signal_fd) {
   } catch (const std::exception& e) {
     throw RendezvousError("rendezvous at " + options_.rdzv_endpoint + " failed: " + without_backtrace(e));
   }
+}
+
+void ElasticRendezvous::throw_if_failed() {
+  if (has("failed")) throw RendezvousError("the job failed on another node: " + value("failed"));
 }
 
 std::string ElasticRendezvous::lost_node(const Round& round) {

@@ -68,6 +68,7 @@ class ElasticRendezvous {
   std::string value(const std::string& key);
   int64_t counter(const std::string& key) { return store_->add(key, 0); }
   std::string lost_node(const Round& round);
+  void throw_if_failed();
 
   const Options& options_;
   int listen_fd_ = -1;

@@ -55,6 +55,8 @@ struct Attempt {
   // and the round ends early when this returns a reason (a node lost, one waiting to join).
   bool agent_store = false;
   std::function<std::string()> membership_changed;
+  // Called at the attempt's first failure, with what happened and the exit code it implies.
+  std::function<void(const std::string& what, int exit_code)> rank_failed;
 };
 
 // How an attempt ended: the launcher's exit code if it is the last, and why, in a few words.

@@ -199,6 +199,7 @@ class Supervisor {
 
   std::vector<Rank> ranks_;
   std::function<std::string()> membership_changed_;
+  std::function<void(const std::string&, int)> rank_failed_;
   Clock::time_point next_membership_check_;
   bool membership_stop_ = false;    // the ranks were stopped for a new round
   double grace_;
@@ -223,6 +224,7 @@ class Supervisor {
 
 void Supervisor::start(const Options& o, const Attempt& a, const sigset_t& original_mask) {
   membership_changed_ = a.membership_changed;
+  rank_failed_ = a.rank_failed;
   ranks_.resize(static_cast<size_t>(o.nproc_per_node));
   for (int local = 0; local < o.nproc_per_node; ++local) {
     if (!spawn(ranks_[static_cast<size_t>(local)], o, a, local, original_mask)) {
@@ -260,7 +262,7 @@ AttemptEnd Supervisor::run() {
       check_laggards();
       continue;
     }
-    if (!stopping_ && membership_changed_ && Clock::now() >= next_membership_check_) {
+    if (membership_changed_ && !killed_ && Clock::now() >= next_membership_check_) {
       check_membership();
       continue;
     }
@@ -290,8 +292,8 @@ AttemptEnd Supervisor::run() {
 // A new round stops the ranks as a scheduler does: SIGTERM and the signal grace, time to save.
 void Supervisor::check_membership() {
   next_membership_check_ = Clock::now() + kMembershipPoll;
-  const std::string reason = membership_changed_();
-  if (reason.empty()) return;
+  const std::string reason = membership_changed_();  // also this node's heartbeat, so even while stopping
+  if (reason.empty() || stopping_) return;
   membership_stop_ = true;
   say(reason + "; stopping the ranks (SIGTERM, SIGKILL in " + seconds(signal_grace_) + ")");
   stop(SIGTERM, 1, reason, signal_grace_);
@@ -416,7 +418,7 @@ int Supervisor::poll_timeout_ms() const {
   // Grandchildren are not our children (unless orphaned), so their deaths
   // wake nobody: poll for their groups to empty.
   if (!any_running()) timeout = timeout < 0 ? 100 : std::min(timeout, 100);
-  if (!stopping_ && membership_changed_) {
+  if (membership_changed_ && !killed_) {
     const int check = until(next_membership_check_);
     timeout = timeout < 0 ? check : std::min(timeout, check);
   }
@@ -481,6 +483,9 @@ void Supervisor::on_exit(Rank& r, int status) {
                                       std::chrono::duration<double>(exit_wait_));
   }
   if (!failed || stopping_ || deferred_exit_code_ != 0) return;  // deaths we caused are not news
+  const bool preempted = WIFEXITED(status) && WEXITSTATUS(status) == kPreemptedExitCode;
+  // Other nodes learn it from us. A preempted rank is not a failure: every node saves on its own.
+  if (rank_failed_ && !preempted) rank_failed_(describe_exit(r, status), exit_code_of(status));
   if (!r.err.timeout_report.empty() || !r.out.timeout_report.empty()) {
     // The others are most likely in the same wait and report within their grace period:
     // stopping them now would cut their reports off.
@@ -491,7 +496,7 @@ void Supervisor::on_exit(Rank& r, int status) {
     reports_by_ = Clock::now() + kReportWait;
     return;
   }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == kPreemptedExitCode) {
+  if (preempted) {
     // Preempted on a signal of its own (srun signals every task): the others got it too and are
     // saving; a SIGTERM now could reach one past its handler and end it before it exits 75.
     say(describe_exit(r, status) + " (preempted: it saved its state); the other ranks get " + seconds(signal_grace_) +

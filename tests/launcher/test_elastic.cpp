@@ -37,24 +37,40 @@ TEST_F(ElasticLauncher, TwoLaunchersFormOneWorld) {
   EXPECT_TRUE(contains(oa.err + ob.err, "node 1 of 2, ranks 2-3 of a world of 4")) << oa.err << ob.err;
 }
 
-TEST_F(ElasticLauncher, FailedRankReformsTheWorldWithinTheBudget) {
-  // Round 0: rank 3 fails while the others wait; round 1: all succeed.
+TEST_F(ElasticLauncher, FailedRankReformsTheWorldChargingOnlyItsNode) {
+  // Round 0: a rank of launcher A fails; launcher B's ranks then fail too, as ranks do when a
+  // peer is gone. Only A is charged: B, without restarts, still takes part in round 1.
   const std::string script =
-      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then [ \"$RANK\" = 3 ] && { sleep 0.5; exit 1; }; sleep 30; exit 9; "
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then "
+      "  if [ -n \"$FAIL\" ]; then [ \"$LOCAL_RANK\" = 1 ] && { sleep 0.5; touch \"$D/failed\"; exit 1; }; sleep 30; exit 9; fi; "
+      "  until [ -e \"$D/failed\" ]; do sleep 0.02; done; sleep 0.2; exit 1; "
       "fi; echo \"round $TORCHELASTIC_RESTART_COUNT rank $RANK\"";
-  auto a = start(node_flags(29652, {"--max-restarts", "1"}), script);
-  auto b = start(node_flags(29652, {"--max-restarts", "1"}), script);
+  auto a = start(node_flags(29652, {"--max-restarts", "1"}), script, {"FAIL=1"});
+  auto b = start(node_flags(29652), script);
   Outcome oa = a->finish(), ob = b->finish();
   ASSERT_FALSE(oa.timed_out || ob.timed_out);
   EXPECT_EQ(oa.exit_code, 0) << oa.err;
   EXPECT_EQ(ob.exit_code, 0) << ob.err;
-  const std::string err = oa.err + ob.err, out = oa.out + ob.out;
-  EXPECT_TRUE(contains(err, "rank 3 (pid")) << err;
-  EXPECT_TRUE(contains(err, "re-forming (restart 1 of 1 for this node)")) << err;
-  EXPECT_TRUE(contains(err, "node 1: rank 3")) << "the other node is not told why:\n" << err;
+  EXPECT_TRUE(contains(oa.err, "re-forming (restart 1 of 1 for this node)")) << oa.err;
+  EXPECT_TRUE(contains(ob.err, "had ended when")) << "node B was charged for A's failure:\n" << ob.err;
+  const std::string out = oa.out + ob.out;
   for (int rank = 0; rank < 4; ++rank)
     EXPECT_TRUE(contains(out, "round 1 rank " + std::to_string(rank))) << out;
   EXPECT_LT(std::max(oa.seconds, ob.seconds), 15);  // the sleeping ranks were stopped, not waited for
+}
+
+TEST_F(ElasticLauncher, PreemptedNodesAllExitPreempted) {
+  // srun's SIGTERM reaches every launcher; the ranks save (exit 75), and no node calls the job failed.
+  const std::string script = "trap 'exit 75' TERM; " + publish("up", "$$") + "sleep 30 & wait";
+  auto a = start(node_flags(29655), script);
+  auto b = start(node_flags(29655), script);
+  ASSERT_TRUE(wait_for("up", {0, 1, 2, 3}));
+  kill(a->pid(), SIGTERM);
+  kill(b->pid(), SIGTERM);
+  Outcome oa = a->finish(), ob = b->finish();
+  EXPECT_EQ(oa.exit_code, 75) << oa.err;
+  EXPECT_EQ(ob.exit_code, 75) << ob.err;
+  EXPECT_FALSE(contains(oa.err + ob.err, "failed")) << oa.err << ob.err;
 }
 
 TEST_F(ElasticLauncher, FailurePastTheBudgetEndsEveryNode) {
