@@ -100,6 +100,7 @@ int run_elastic_job(const Options& options, int signal_fd, const sigset_t& origi
     }
     if (const std::string why_not = why_not_restarted_here(end, failures, options); !why_not.empty()) {
       rendezvous->fail(node + end.reason);
+      rendezvous->await_failure_seen(round);
       say(round_name(round) + " ended (" + end.reason + "); not restarted: " + why_not);
       print_summary(summary);
       return end.exit_code;

@@ -9,8 +9,10 @@
 //   r<R>/end              why round R ended, set once
 #include "elastic_rendezvous.h"
 
+#include <netdb.h>
 #include <poll.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -22,6 +24,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "common/store_secret.h"
@@ -53,6 +56,34 @@ void wait_unless_told_to_stop(int signal_fd, int ms) {
     throw RendezvousError("fsdpp-run received " + signal_name(sig) + " while waiting for the rendezvous", 128 + sig);
 }
 
+// Whether something accepts connections at host:port now.
+bool served(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || !found) return false;
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const bool connected = fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0;
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return connected;
+}
+
+// A socket listening at host:port if host is this machine's and nobody serves the port yet,
+// else -1. Two launchers here starting together can both fail to listen (each sees the other's
+// half-made listener): then neither serves, so they try again, at random moments.
+int listen_unless_served(const std::string& host, int port) {
+  std::mt19937 random(std::random_device{}());
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    int bound = 0;
+    const int fd = listen_on(host, port, bound);
+    if (fd >= 0 || errno != EADDRINUSE || served(host, port)) return fd;
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(5, 50)(random)));
+  }
+  return -1;
+}
+
 }  // namespace
 
 ElasticRendezvous::ElasticRendezvous(const Options& options) : options_(options) {
@@ -62,8 +93,7 @@ ElasticRendezvous::ElasticRendezvous(const Options& options) : options_(options)
   // Binding succeeds only on an address of this machine: then this launcher serves the store,
   // on that address alone. Otherwise (another machine's address, or another launcher here
   // serves it already) it is a client, as torchrun's agents are.
-  int bound = 0;
-  listen_fd_ = listen_on(options.rdzv_host, options.rdzv_port, bound);
+  listen_fd_ = listen_unless_served(options.rdzv_host, options.rdzv_port);
   c10d::TCPStoreOptions store_options = fsdpp::compat::tcp_store_options();
   store_options.port = static_cast<std::uint16_t>(options.rdzv_port);
   store_options.isServer = listen_fd_ >= 0;
@@ -149,8 +179,15 @@ Round ElasticRendezvous::join(int signal_fd) {
   }
 }
 
+bool ElasticRendezvous::job_failed() {
+  if (!has("failed")) return false;
+  if (!failure_seen_) store_->add("failed/seen", 1);  // the node serving the store waits for this
+  failure_seen_ = true;
+  return true;
+}
+
 void ElasticRendezvous::throw_if_failed() {
-  if (has("failed")) throw RendezvousError("the job failed on another node: " + value("failed"));
+  if (job_failed()) throw RendezvousError("the job failed on another node: " + value("failed"));
 }
 
 std::string ElasticRendezvous::lost_node(const Round& round) {
@@ -177,7 +214,7 @@ RoundEnd ElasticRendezvous::check(const Round& round) {
       store_->add(key(round, "beat" + std::to_string(round.node_rank)), 1);
       next_beat_ = Clock::now() + seconds(options_.keep_alive_interval);
     }
-    if (has("failed")) return {"the job failed on another node: " + value("failed"), true};
+    if (job_failed()) return {"the job failed on another node: " + value("failed"), true};
     if (has(key(round, "end"))) return {value(key(round, "end")), false};
     const int64_t joined = counter(key(round, "joined"));
     std::string reason;
@@ -217,6 +254,16 @@ void ElasticRendezvous::fail(const std::string& reason) {
     store_->compareSet("failed", {}, bytes(reason));
   } catch (const std::exception& e) {
     say("cannot tell the other nodes that the job failed: " + without_backtrace(e));
+  }
+}
+
+void ElasticRendezvous::await_failure_seen(const Round& round) {
+  if (!serves_store()) return;
+  try {
+    const auto deadline = Clock::now() + seconds(options_.keep_alive_interval * options_.keep_alive_max_attempt);
+    while (counter("failed/seen") < round.nnodes - 1 && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  } catch (const std::exception&) {
   }
 }
 

@@ -58,6 +58,9 @@ class ElasticRendezvous {
   void end(const Round& round, const std::string& reason);
   // Ends the job for every node: no new round.
   void fail(const std::string& reason);
+  // The node serving the store waits (bounded) for the other members of `round` to have read
+  // that the job failed: without the store they would keep their ranks running.
+  void await_failure_seen(const Round& round);
   // This node's ranks finished; the node serving the store waits (bounded) for the others to
   // finish or be lost, so nobody loses the store while it still needs it.
   void finish(const Round& round);
@@ -68,6 +71,7 @@ class ElasticRendezvous {
   std::string value(const std::string& key);
   int64_t counter(const std::string& key) { return store_->add(key, 0); }
   std::string lost_node(const Round& round);
+  bool job_failed();  // and says it has seen it
   void throw_if_failed();
 
   const Options& options_;
@@ -76,6 +80,7 @@ class ElasticRendezvous {
   std::chrono::steady_clock::time_point next_beat_;
   std::map<int, std::pair<int64_t, std::chrono::steady_clock::time_point>> beats_seen_;  // node -> beat, when
   bool store_lost_ = false;
+  bool failure_seen_ = false;
 };
 
 }  // namespace fsdpp_run
