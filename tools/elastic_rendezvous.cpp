@@ -18,8 +18,6 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <c10/util/Exception.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -27,6 +25,7 @@
 #include <random>
 #include <thread>
 
+#include "comm/error_message.h"
 #include "common/store_secret.h"
 #include "compat/tcp_store_options.h"
 
@@ -42,11 +41,6 @@ Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
-std::string without_backtrace(const std::exception& e) {
-  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-  const char* secret = std::getenv(fsdpp::kStoreSecretVariable);
-  return fsdpp::redact_store_secret(c10_error ? c10_error->what_without_backtrace() : e.what(), secret ? secret : "");
-}
 
 // Waits up to `ms` for a SIGINT/SIGTERM on the launcher's signal descriptor; throws if one came.
 void wait_unless_told_to_stop(int signal_fd, int ms) {
@@ -63,8 +57,15 @@ bool served(const std::string& host, int port) {
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* found = nullptr;
   if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || !found) return false;
-  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const bool connected = fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0;
+  // Non-blocking, at most 1 s: an address nobody answers would hold connect() for minutes.
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  bool connected = fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0;
+  if (fd >= 0 && !connected && errno == EINPROGRESS) {
+    pollfd writable{fd, POLLOUT, 0};
+    int error = 0;
+    socklen_t size = sizeof error;
+    connected = poll(&writable, 1, 1000) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) == 0 && error == 0;
+  }
   if (fd >= 0) close(fd);
   freeaddrinfo(found);
   return connected;
@@ -86,7 +87,7 @@ int listen_unless_served(const std::string& host, int port) {
 
 }  // namespace
 
-ElasticRendezvous::ElasticRendezvous(const Options& options) : options_(options) {
+ElasticRendezvous::ElasticRendezvous(const Options& options, int signal_fd) : options_(options) {
   const char* secret = std::getenv(fsdpp::kStoreSecretVariable);
   if (secret && !fsdpp::store_secret_problem(secret).empty())
     throw RendezvousError(fsdpp::store_secret_problem(secret), kUsageErrorExitCode);
@@ -94,6 +95,15 @@ ElasticRendezvous::ElasticRendezvous(const Options& options) : options_(options)
   // on that address alone. Otherwise (another machine's address, or another launcher here
   // serves it already) it is a client, as torchrun's agents are.
   listen_fd_ = listen_unless_served(options.rdzv_host, options.rdzv_port);
+  // c10d's client would retry inside its constructor, deaf to Ctrl-C: wait for the server here.
+  const auto deadline = Clock::now() + seconds(options.join_timeout);
+  while (listen_fd_ < 0 && !served(options.rdzv_host, options.rdzv_port)) {
+    if (Clock::now() >= deadline)
+      throw RendezvousError("nothing serves the rendezvous store at " + options.rdzv_endpoint + " within join_timeout " +
+                            std::to_string(static_cast<long long>(options.join_timeout)) +
+                            " s (the launcher on its host serves it)");
+    wait_unless_told_to_stop(signal_fd, 100);
+  }
   c10d::TCPStoreOptions store_options = fsdpp::compat::tcp_store_options();
   store_options.port = static_cast<std::uint16_t>(options.rdzv_port);
   store_options.isServer = listen_fd_ >= 0;
@@ -106,7 +116,7 @@ ElasticRendezvous::ElasticRendezvous(const Options& options) : options_(options)
     store_ = c10::make_intrusive<c10d::PrefixStore>("rdzv/" + options.rdzv_id, store);
   } catch (const std::exception& e) {
     throw RendezvousError("cannot reach the rendezvous store at " + options.rdzv_endpoint + " within " +
-                          std::to_string(options.join_timeout) + " s: " + without_backtrace(e));
+                          std::to_string(options.join_timeout) + " s: " + fsdpp::detail::message_without_backtrace(e));
   }
 }
 
@@ -119,6 +129,7 @@ bool ElasticRendezvous::has(const std::string& key) { return store_->check({key}
 std::string ElasticRendezvous::value(const std::string& key) { return text(store_->get(key)); }
 
 Round ElasticRendezvous::join(int signal_fd) {
+  store_lost_ = false;  // a join that gets through has the store back
   const auto deadline = Clock::now() + seconds(options_.join_timeout);
   const std::string timeout_text = std::to_string(static_cast<long long>(options_.join_timeout));
   try {
@@ -175,7 +186,7 @@ Round ElasticRendezvous::join(int signal_fd) {
   } catch (const RendezvousError&) {
     throw;
   } catch (const std::exception& e) {
-    throw RendezvousError("rendezvous at " + options_.rdzv_endpoint + " failed: " + without_backtrace(e));
+    throw RendezvousError("rendezvous at " + options_.rdzv_endpoint + " failed: " + fsdpp::detail::message_without_backtrace(e));
   }
 }
 
@@ -226,7 +237,7 @@ RoundEnd ElasticRendezvous::check(const Round& round) {
     return {reason, false};
   } catch (const std::exception& e) {
     store_lost_ = true;
-    say("lost the rendezvous store at " + options_.rdzv_endpoint + " (" + without_backtrace(e) +
+    say("lost the rendezvous store at " + options_.rdzv_endpoint + " (" + fsdpp::detail::message_without_backtrace(e) +
         "); the ranks go on, but this node can no longer re-form");
     return {};
   }
@@ -245,7 +256,7 @@ void ElasticRendezvous::end(const Round& round, const std::string& reason) {
     store_->compareSet(key(round, "end"), {}, bytes(reason));
     store_->compareSet("round", bytes(std::to_string(round.number)), bytes(std::to_string(round.number + 1)));
   } catch (const std::exception& e) {
-    say("cannot tell the other nodes that round " + std::to_string(round.number) + " ended: " + without_backtrace(e));
+    say("cannot tell the other nodes that round " + std::to_string(round.number) + " ended: " + fsdpp::detail::message_without_backtrace(e));
   }
 }
 
@@ -253,7 +264,7 @@ void ElasticRendezvous::fail(const std::string& reason) {
   try {
     store_->compareSet("failed", {}, bytes(reason));
   } catch (const std::exception& e) {
-    say("cannot tell the other nodes that the job failed: " + without_backtrace(e));
+    say("cannot tell the other nodes that the job failed: " + fsdpp::detail::message_without_backtrace(e));
   }
 }
 
@@ -267,7 +278,7 @@ void ElasticRendezvous::await_failure_seen(const Round& round) {
   }
 }
 
-void ElasticRendezvous::finish(const Round& round) {
+void ElasticRendezvous::finish(const Round& round, int signal_fd) {
   try {
     store_->set(key(round, "finished" + std::to_string(round.node_rank)), bytes("1"));
     if (!serves_store()) return;
@@ -279,10 +290,12 @@ void ElasticRendezvous::finish(const Round& round) {
     const auto deadline = Clock::now() + seconds(options_.exit_wait_seconds);
     while (unfinished() && lost_node(round).empty() && Clock::now() < deadline) {
       store_->add(key(round, "beat" + std::to_string(round.node_rank)), 1);
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      wait_unless_told_to_stop(signal_fd, 200);
     }
+  } catch (const RendezvousError& e) {
+    say(std::string(e.what()) + "; not waiting for the other nodes to finish");
   } catch (const std::exception& e) {
-    say("rendezvous at " + options_.rdzv_endpoint + ": " + without_backtrace(e));
+    say("rendezvous at " + options_.rdzv_endpoint + ": " + fsdpp::detail::message_without_backtrace(e));
   }
 }
 

@@ -37,8 +37,9 @@ struct RoundEnd {
 class ElasticRendezvous {
  public:
   // Serves the store if the endpoint is an address of this machine (and its port is free),
-  // else connects to it; throws RendezvousError naming the endpoint.
-  explicit ElasticRendezvous(const Options& options);
+  // else connects to it once it is served, within join_timeout; throws RendezvousError naming
+  // the endpoint, or on a SIGINT/SIGTERM on `signal_fd` meanwhile.
+  ElasticRendezvous(const Options& options, int signal_fd);
 
   bool serves_store() const { return listen_fd_ >= 0; }
 
@@ -61,9 +62,10 @@ class ElasticRendezvous {
   // The node serving the store waits (bounded) for the other members of `round` to have read
   // that the job failed: without the store they would keep their ranks running.
   void await_failure_seen(const Round& round);
-  // This node's ranks finished; the node serving the store waits (bounded) for the others to
-  // finish or be lost, so nobody loses the store while it still needs it.
-  void finish(const Round& round);
+  // This node's ranks finished; the node serving the store waits (up to --exit-wait-seconds, or
+  // a SIGINT/SIGTERM on `signal_fd`) for the others to finish or be lost, so nobody loses the
+  // store while it still needs it.
+  void finish(const Round& round, int signal_fd);
 
  private:
   std::string key(const Round& round, const std::string& name) const;

@@ -73,19 +73,36 @@ std::string parse_rdzv_conf(const std::string& text, Options& opt) {
     if (key == "join_timeout") opt.join_timeout = number;
     else if (key == "last_call_timeout") opt.last_call_timeout = number;
     else if (key == "keep_alive_interval") opt.keep_alive_interval = number;
-    else if (key == "keep_alive_max_attempt") opt.keep_alive_max_attempt = static_cast<int>(number);
+    else if (key == "keep_alive_max_attempt" && number == static_cast<int>(number))
+      opt.keep_alive_max_attempt = static_cast<int>(number);
+    else if (key == "keep_alive_max_attempt")
+      return "--rdzv-conf keep_alive_max_attempt must be a whole number, got '" + value + "'";
     else return "--rdzv-conf has no key '" + key + "' (join_timeout, last_call_timeout, keep_alive_interval, "
                 "keep_alive_max_attempt)";
   }
   return "";
 }
 
-// Returns the exit code if parsing ends the program (--help or a bad flag),
-// or -1 to go on.
-int parse_options(int argc, char** argv, Options& opt) {
-  CLI::App app{"fsdpp-run: start one process per rank, torchrun style.", "fsdpp-run"};
-  app.formatter(std::make_shared<HelpFormatter>());
-  app.footer(
+// --rdzv-endpoint HOST:PORT ([::1]:PORT for IPv6) into its parts; a message if it is neither.
+std::string parse_endpoint(Options& opt) {
+  if (opt.rdzv_endpoint.empty()) return "";
+  const auto colon = opt.rdzv_endpoint.rfind(':');
+  opt.rdzv_host = opt.rdzv_endpoint.substr(0, colon == std::string::npos ? 0 : colon);
+  if (opt.rdzv_host.size() > 2 && opt.rdzv_host.front() == '[' && opt.rdzv_host.back() == ']')
+    opt.rdzv_host = opt.rdzv_host.substr(1, opt.rdzv_host.size() - 2);
+  try {
+    size_t used = 0;
+    opt.rdzv_port = std::stoi(opt.rdzv_endpoint.substr(colon + 1), &used);
+    if (used != opt.rdzv_endpoint.size() - colon - 1) opt.rdzv_port = 0;
+  } catch (const std::exception&) {
+  }
+  if (colon == std::string::npos || opt.rdzv_host.empty() || opt.rdzv_port < 1 || opt.rdzv_port > 65535)
+    return "--rdzv-endpoint must be HOST:PORT with a port in [1, 65535], got '" + opt.rdzv_endpoint + "'";
+  return "";
+}
+
+// What --help says after the options.
+constexpr const char* kHelpFooter =
       "Each process gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,\n"
       "MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT (= FSDPP_RESTART_COUNT),\n"
       "and OMP_NUM_THREADS=1 unless already set. Without --master-port, a single-node\n"
@@ -117,7 +134,14 @@ int parse_options(int argc, char** argv, Options& opt) {
       "After a failure fsdpp-run prints a summary: each rank's fate, and whom\n"
       "timed-out ranks name as missing. When its stdout is a terminal, the ranks get\n"
       "FSDPP_STDOUT_IS_TERMINAL=1, and what a rank redraws with carriage returns (a\n"
-      "progress bar) is shown as one status line under the log.");
+      "progress bar) is shown as one status line under the log.";
+
+// Returns the exit code if parsing ends the program (--help or a bad flag),
+// or -1 to go on.
+int parse_options(int argc, char** argv, Options& opt) {
+  CLI::App app{"fsdpp-run: start one process per rank, torchrun style.", "fsdpp-run"};
+  app.formatter(std::make_shared<HelpFormatter>());
+  app.footer(kHelpFooter);
   // Everything from the program name on belongs to the program, not to us.
   app.prefix_command();
   app.add_option("--nproc-per-node,--nproc_per_node", opt.nproc_per_node,
@@ -175,25 +199,10 @@ int parse_options(int argc, char** argv, Options& opt) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kUsageError;
   }
-  if (std::string error = parse_nnodes(nnodes_text, opt) + parse_rdzv_conf(rdzv_conf, opt); !error.empty()) {
+  if (std::string error = parse_nnodes(nnodes_text, opt) + parse_rdzv_conf(rdzv_conf, opt) + parse_endpoint(opt);
+      !error.empty()) {
     say(error);
     return kUsageError;
-  }
-  if (!opt.rdzv_endpoint.empty()) {
-    const auto colon = opt.rdzv_endpoint.rfind(':');
-    opt.rdzv_host = opt.rdzv_endpoint.substr(0, colon == std::string::npos ? 0 : colon);
-    if (opt.rdzv_host.size() > 2 && opt.rdzv_host.front() == '[' && opt.rdzv_host.back() == ']')
-      opt.rdzv_host = opt.rdzv_host.substr(1, opt.rdzv_host.size() - 2);  // [::1]:29400
-    try {
-      size_t used = 0;
-      opt.rdzv_port = std::stoi(opt.rdzv_endpoint.substr(colon + 1), &used);
-      if (used != opt.rdzv_endpoint.size() - colon - 1) opt.rdzv_port = 0;
-    } catch (const std::exception&) {
-    }
-    if (colon == std::string::npos || opt.rdzv_host.empty() || opt.rdzv_port < 1 || opt.rdzv_port > 65535) {
-      say("--rdzv-endpoint must be HOST:PORT with a port in [1, 65535], got '" + opt.rdzv_endpoint + "'");
-      return kUsageError;
-    }
   }
   if (rdzv_backend == "c10d" && opt.rdzv_endpoint.empty()) {
     say("--rdzv-backend c10d needs --rdzv-endpoint HOST:PORT");

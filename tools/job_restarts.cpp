@@ -16,7 +16,7 @@
 
 namespace fsdpp_run {
 
-std::string why_not_restarted(const AttemptEnd& end) {
+std::string why_not_restarted(const AttemptEnd& end, int restarts, const Options& options) {
   if (end.forwarded_signal != 0) return "fsdpp-run was told to stop";
   switch (end.exit_code) {
     case kUsageErrorExitCode:
@@ -28,6 +28,8 @@ std::string why_not_restarted(const AttemptEnd& end) {
       return "the ranks were preempted and saved their state (exit code " + std::to_string(kPreemptedExitCode) +
              "): the scheduler restarts or requeues the job";
     default:
+      if (restarts == options.max_restarts)
+        return "no restarts left (--max-restarts " + std::to_string(options.max_restarts) + ")";
       return "";
   }
 }
@@ -52,10 +54,10 @@ std::string attempt_name(int number, const Options& o) {
 }  // namespace
 
 int run_job(const Options& options) {
+  if (options.elastic()) return run_elastic_job(options);  // supervises on its own
   sigset_t original_mask;
   const int signal_fd = start_supervising(original_mask);
   if (signal_fd < 0) return 1;
-  if (options.elastic()) return run_elastic_job(options, signal_fd, original_mask);
   // Only a single-node job meeting on loopback gets the launcher's own port; nodes (and a job
   // told to meet at another address) meet at --master-addr:--master-port.
   const bool own_port = options.nnodes == 1 && !options.master_port_given && fsdpp::is_loopback(options.master_addr);
@@ -76,9 +78,7 @@ int run_job(const Options& options) {
     if (attempt.store_listen_fd >= 0) close(attempt.store_listen_fd);
     const AttemptEnd& end = ends.back();
     if (end.exit_code == 0 || options.max_restarts == 0) break;  // done, or restarts were not asked for
-    std::string why_not = why_not_restarted(end);
-    if (why_not.empty() && number == options.max_restarts)
-      why_not = "no restarts left (--max-restarts " + std::to_string(options.max_restarts) + ")";
+    std::string why_not = why_not_restarted(end, number, options);
     if (why_not.empty()) {
       if (const int sig = pending_stop_signal(signal_fd)) {
         ends.back().forwarded_signal = sig;

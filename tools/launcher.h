@@ -57,6 +57,7 @@ struct Attempt {
   std::function<std::string()> membership_changed;
   // Called at the attempt's first failure, with what happened and the exit code it implies.
   std::function<void(const std::string& what, int exit_code)> rank_failed;
+  std::function<void(const std::string& what)> told_to_stop;  // a SIGINT/SIGTERM forwarded to the ranks
 };
 
 // How an attempt ended: the launcher's exit code if it is the last, and why, in a few words.
@@ -89,10 +90,10 @@ AttemptEnd run_attempt(const Options& options, const Attempt& attempt, int signa
 int run_job(const Options& options);
 
 // The same for one node of an elastic job: each attempt is a rendezvous round (elastic_job.cpp).
-int run_elastic_job(const Options& options, int signal_fd, const sigset_t& original_mask);
+int run_elastic_job(const Options& options);
 
-// Why a restart cannot help an attempt that ended so, or "" when it may.
-std::string why_not_restarted(const AttemptEnd& end);
+// Why an attempt that ended so is not restarted after `restarts` restarts, or "" when it is.
+std::string why_not_restarted(const AttemptEnd& end, int restarts, const Options& options);
 
 // A SIGINT or SIGTERM that came while no ranks ran (0 if none); reaps leftovers on the way.
 int pending_stop_signal(int signal_fd);

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <linux/close_range.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
@@ -97,8 +98,9 @@ void set_rank_env(const Options& o, const Attempt& a, int local_rank) {
   sigprocmask(SIG_SETMASK, &original_mask, nullptr);
   set_rank_env(o, a, local_rank);
   // The launcher's rendezvous store and its connections stay with the launcher.
-  for (int fd = 3; fd < 1024; ++fd)
-    if (fd != a.store_listen_fd) fcntl(fd, F_SETFD, FD_CLOEXEC);
+  if (close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0)  // before Linux 5.11: the usual descriptors
+    for (int fd = 3; fd < 1024; ++fd) fcntl(fd, F_SETFD, FD_CLOEXEC);
+  if (a.store_listen_fd >= 0) fcntl(a.store_listen_fd, F_SETFD, 0);  // rank 0's to serve on
 
   std::vector<char*> argv;
   for (const auto& arg : o.command) argv.push_back(const_cast<char*>(arg.c_str()));
@@ -200,6 +202,7 @@ class Supervisor {
   std::vector<Rank> ranks_;
   std::function<std::string()> membership_changed_;
   std::function<void(const std::string&, int)> rank_failed_;
+  std::function<void(const std::string&)> told_to_stop_;
   Clock::time_point next_membership_check_;
   bool membership_stop_ = false;    // the ranks were stopped for a new round
   double grace_;
@@ -225,6 +228,7 @@ class Supervisor {
 void Supervisor::start(const Options& o, const Attempt& a, const sigset_t& original_mask) {
   membership_changed_ = a.membership_changed;
   rank_failed_ = a.rank_failed;
+  told_to_stop_ = a.told_to_stop;
   ranks_.resize(static_cast<size_t>(o.nproc_per_node));
   for (int local = 0; local < o.nproc_per_node; ++local) {
     if (!spawn(ranks_[static_cast<size_t>(local)], o, a, local, original_mask)) {
@@ -293,7 +297,8 @@ AttemptEnd Supervisor::run() {
 void Supervisor::check_membership() {
   next_membership_check_ = Clock::now() + kMembershipPoll;
   const std::string reason = membership_changed_();  // also this node's heartbeat, so even while stopping
-  if (reason.empty() || stopping_) return;
+  // A failure of ours (stopping, or waiting for the timeout reports) ends the round itself.
+  if (reason.empty() || stopping_ || deferred_exit_code_ != 0) return;
   membership_stop_ = true;
   say(reason + "; stopping the ranks (SIGTERM, SIGKILL in " + seconds(signal_grace_) + ")");
   stop(SIGTERM, 1, reason, signal_grace_);
@@ -456,6 +461,7 @@ void Supervisor::handle_signals() {
       say("received " + signal_name(sig) + "; forwarding it to all ranks (SIGKILL in " + seconds(std::max(0.0, left)) +
           ")");
       forwarded_signal_ = sig;
+      if (told_to_stop_) told_to_stop_("fsdpp-run received " + signal_name(sig));
       stop(sig, 128 + sig, "fsdpp-run received " + signal_name(sig), signal_grace_);
     }
   }

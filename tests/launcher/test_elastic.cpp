@@ -2,11 +2,32 @@
 // one world formed from both, a failed rank re-forming it, a failure past the budget ending
 // every node, and the options it refuses. tests/multinode/elastic_nodes.sh runs it across
 // network namespaces with real training.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "launcher_fixture.h"
 
 namespace {
 
 using namespace fsdpp_run_test;  // NOLINT: the fixture is this file's vocabulary
+
+// Whether something accepts connections on 127.0.0.1:`port` within 10 s.
+bool listening(int port) {
+  const auto start = Clock::now();
+  for (;;) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool connected = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    close(fd);
+    if (connected) return true;
+    if (seconds_since(start) > 10) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
 
 class ElasticLauncher : public Launcher {
  protected:
@@ -43,7 +64,7 @@ TEST_F(ElasticLauncher, FailedRankReformsTheWorldChargingOnlyItsNode) {
   const std::string script =
       "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then "
       "  if [ -n \"$FAIL\" ]; then [ \"$LOCAL_RANK\" = 1 ] && { sleep 0.5; touch \"$D/failed\"; exit 1; }; sleep 30; exit 9; fi; "
-      "  until [ -e \"$D/failed\" ]; do sleep 0.02; done; sleep 0.2; exit 1; "
+      "  until [ -e \"$D/failed\" ]; do sleep 0.02; done; sleep 1; exit 1; "
       "fi; echo \"round $TORCHELASTIC_RESTART_COUNT rank $RANK\"";
   auto a = start(node_flags(29652, {"--max-restarts", "1"}), script, {"FAIL=1"});
   auto b = start(node_flags(29652), script);
@@ -89,6 +110,67 @@ TEST_F(ElasticLauncher, FailurePastTheBudgetEndsEveryNode) {
   EXPECT_EQ(other.exit_code, 1) << other.err;
   EXPECT_TRUE(contains(other.err, "the job failed on another node: node 1: rank 3 (pid")) << other.err;
   EXPECT_LT(std::max(oa.seconds, ob.seconds), 15);
+}
+
+TEST_F(ElasticLauncher, LostHeartbeatReformsWithoutTheNode) {
+  // B's launcher stops (SIGSTOP: its ranks sleep on, nothing fails); A, serving the store, misses
+  // its heartbeat for 0.5 s x 2 and re-forms alone (--nnodes 1:2).
+  const std::string script = "[ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && { " + publish("up", "$$") +
+                             "sleep 30; exit 9; }; echo \"round $TORCHELASTIC_RESTART_COUNT rank $RANK of $WORLD_SIZE\"";
+  std::vector<std::string> flags = node_flags(29656);
+  flags[3] = "1:2";
+  flags.back() = "join_timeout=20,last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=2";
+  auto a = start(flags, script);
+  ASSERT_TRUE(listening(29656));  // A serves the store
+  auto b = start(flags, script);
+  ASSERT_TRUE(wait_for("up", {0, 1, 2, 3}));
+  kill(b->pid(), SIGSTOP);
+  Outcome oa = a->finish();
+  kill(b->pid(), SIGKILL);
+  EXPECT_EQ(oa.exit_code, 0) << oa.err;
+  EXPECT_TRUE(contains(oa.err, "node 1 of rendezvous round 0 was lost (no heartbeat for 1 s)")) << oa.err;
+  EXPECT_TRUE(contains(oa.out, "round 1 rank 0 of 2")) << oa.out;
+  EXPECT_LT(oa.seconds, 20);
+}
+
+TEST_F(ElasticLauncher, TooFewNodesTimeOutNamingTheCount) {
+  std::vector<std::string> flags = node_flags(29657);
+  flags.back() = "join_timeout=1";
+  Outcome o = run(flags, "exit 0");
+  EXPECT_EQ(o.exit_code, 1);
+  EXPECT_TRUE(contains(o.err, "no rendezvous at 127.0.0.1:29657 within join_timeout 1 s: 1 of at least 2 nodes "
+                              "joined round 0")) << o.err;
+}
+
+TEST_F(ElasticLauncher, RefusesNodesWithDifferentRankCounts) {
+  std::vector<std::string> one = node_flags(29658);
+  one[1] = "1";
+  auto a = start(node_flags(29658), "exit 0");
+  auto b = start(one, "exit 0");
+  Outcome oa = a->finish(), ob = b->finish();
+  EXPECT_EQ(oa.exit_code, 2) << oa.err;
+  EXPECT_EQ(ob.exit_code, 2) << ob.err;
+  EXPECT_TRUE(contains(oa.err + ob.err, "every node of an elastic job needs the same --nproc-per-node")) << oa.err;
+}
+
+TEST_F(ElasticLauncher, StopsWhileWaitingForTheStoresHost) {
+  // The port taken here but not served: the launcher cannot serve the store and waits for
+  // whoever should, and SIGTERM ends the wait.
+  const int taken = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(29659);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(taken, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  auto launcher = start(node_flags(29659), "touch \"$D/ran.$RANK\"");
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  kill(launcher->pid(), SIGTERM);
+  Outcome o = launcher->finish();
+  EXPECT_EQ(o.exit_code, 128 + SIGTERM) << o.err;
+  EXPECT_TRUE(contains(o.err, "fsdpp-run received SIGTERM while waiting for the rendezvous")) << o.err;
+  EXPECT_LT(o.seconds, 5);
+  EXPECT_TRUE(fs::is_empty(dir_));
+  close(taken);
 }
 
 TEST_F(ElasticLauncher, RefusesWhatTheRendezvousCannotDo) {

@@ -14,7 +14,8 @@
 #              SIGTERM (exit 75), both form the next round (world 4), resume from that checkpoint
 #              and finish, exit 0 on both
 #   stranger   --nnodes 2 with FSDPP_STORE_SECRET: a third namespace connects to the store while
-#              the job trains, reads every key a job without a secret would use and forges the
+#              the job's ranks are stopped after step 0, reads every key a job without a secret
+#              would use (the launchers' and the ranks' first ones) and forges the
 #              ones that would end it; it must read nothing, and the job (train_transformer,
 #              which checks parity with one process itself) must finish
 set -u
@@ -97,9 +98,13 @@ case $scenario in
     FSDPP_STORE_SECRET=$(head -c 24 /dev/urandom | base64 | tr '/+' '_-')
     node node0 2 "$transformer"
     node node1 2 "$transformer"
-    await_line "$work/node0.log" "rendezvous round 0" 60
-    await_line "$work/node1.log" "rendezvous round 0" 60
+    # Once the ranks train, their keys exist too; stopped, they cannot finish while it looks.
+    await_line "$work/node0.log" "step +0 +loss" 120
+    # shellcheck disable=SC2046
+    kill -STOP $(ranks_of node0) $(ranks_of node1)
     in_ns "$n2" timeout 30 "$stranger" 10.231.7.1 29741 elastic-test >"$work/stranger.log" 2>&1; cs=$?
+    # shellcheck disable=SC2046
+    kill -CONT $(ranks_of node0) $(ranks_of node1)
     await "$(launcher node0)" 240; c0=$?
     await "$(launcher node1)" 30; c1=$?
     cat "$work/stranger.log"
