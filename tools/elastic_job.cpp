@@ -95,10 +95,15 @@ int run_elastic_job(const Options& options) {
     summary.push_back(round_name(round) + " (" + std::to_string(round.nnodes) + " node(s)): " + end.reason +
                       (end.membership_changed ? "" : " (exit code " + std::to_string(end.exit_code) + ")"));
     if (end.exit_code == 0 && !end.membership_changed) {
-      rendezvous->finish(round, signal_fd);
+      rendezvous->finish(round, signal_fd, options.exit_wait_seconds);
       return 0;
     }
-    if (end.forwarded_signal != 0) return end.exit_code;  // the others re-form without this node
+    if (end.forwarded_signal != 0) {
+      // The others re-form without this node, or (preempted together) leave too: until they
+      // have, a node serving the store keeps it, for a bounded while.
+      rendezvous->finish(round, signal_fd, options.keep_alive_interval * options.keep_alive_max_attempt);
+      return end.exit_code;
+    }
     if (watch.end.job_failed && !watch.failed_here) {  // another node's failure
       rendezvous->await_failure_seen(round);
       print_summary(summary);

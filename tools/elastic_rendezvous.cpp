@@ -5,7 +5,7 @@
 //   r<R>/formed           how many of them are its members, set once (compareSet)
 //   r<R>/nproc<K>         node K's ranks
 //   r<R>/beat<K>          node K's heartbeat (an add, so no clocks need to agree)
-//   r<R>/finished<K>      node K's ranks exited 0
+//   r<R>/finished<K>      node K left the round: its ranks exited 0, or it was told to stop
 //   r<R>/end              why round R ended, set once
 #include "elastic_rendezvous.h"
 
@@ -116,7 +116,8 @@ ElasticRendezvous::ElasticRendezvous(const Options& options, int signal_fd) : op
     store_ = c10::make_intrusive<c10d::PrefixStore>("rdzv/" + options.rdzv_id, store);
   } catch (const std::exception& e) {
     throw RendezvousError("cannot reach the rendezvous store at " + options.rdzv_endpoint + " within " +
-                          std::to_string(options.join_timeout) + " s: " + fsdpp::detail::message_without_backtrace(e));
+                          std::to_string(static_cast<long long>(options.join_timeout)) + " s: " +
+                          fsdpp::detail::message_without_backtrace(e));
   }
 }
 
@@ -278,7 +279,7 @@ void ElasticRendezvous::await_failure_seen(const Round& round) {
   }
 }
 
-void ElasticRendezvous::finish(const Round& round, int signal_fd) {
+void ElasticRendezvous::finish(const Round& round, int signal_fd, double wait_seconds) {
   try {
     store_->set(key(round, "finished" + std::to_string(round.node_rank)), bytes("1"));
     if (!serves_store()) return;
@@ -287,7 +288,7 @@ void ElasticRendezvous::finish(const Round& round, int signal_fd) {
         if (k != round.node_rank && !has(key(round, "finished" + std::to_string(k)))) return true;
       return false;
     };
-    const auto deadline = Clock::now() + seconds(options_.exit_wait_seconds);
+    const auto deadline = Clock::now() + seconds(wait_seconds);
     while (unfinished() && lost_node(round).empty() && Clock::now() < deadline) {
       store_->add(key(round, "beat" + std::to_string(round.node_rank)), 1);
       wait_unless_told_to_stop(signal_fd, 200);

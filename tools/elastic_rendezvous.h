@@ -62,10 +62,10 @@ class ElasticRendezvous {
   // The node serving the store waits (bounded) for the other members of `round` to have read
   // that the job failed: without the store they would keep their ranks running.
   void await_failure_seen(const Round& round);
-  // This node's ranks finished; the node serving the store waits (up to --exit-wait-seconds, or
-  // a SIGINT/SIGTERM on `signal_fd`) for the others to finish or be lost, so nobody loses the
-  // store while it still needs it.
-  void finish(const Round& round, int signal_fd);
+  // This node leaves `round` (its ranks finished, or it was told to stop); the node serving the
+  // store waits (up to `wait_seconds`, or a SIGINT/SIGTERM on `signal_fd`) for the others to
+  // leave too or be lost, so nobody loses the store while it still needs it.
+  void finish(const Round& round, int signal_fd, double wait_seconds);
 
  private:
   std::string key(const Round& round, const std::string& name) const;
