@@ -29,6 +29,18 @@ bool listening(int port) {
   }
 }
 
+// Whether `pid` blocks SIGTERM (to read it from its signal descriptor) within 20 s.
+bool blocks_sigterm(pid_t pid) {
+  const auto start = Clock::now();
+  for (;;) {
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("SigBlk:", 0) == 0 && (std::stoull(line.substr(7), nullptr, 16) >> (SIGTERM - 1) & 1)) return true;
+    if (seconds_since(start) > 20) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 class ElasticLauncher : public Launcher {
  protected:
   // Flags for one of two launchers meeting at 127.0.0.1:`port`.
@@ -163,7 +175,8 @@ TEST_F(ElasticLauncher, StopsWhileWaitingForTheStoresHost) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(bind(taken, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
   auto launcher = start(node_flags(29659), "touch \"$D/ran.$RANK\"");
-  std::this_thread::sleep_for(std::chrono::seconds(1));
+  ASSERT_TRUE(blocks_sigterm(launcher->pid()));  // it takes signals itself now (libtorch loads slowly)
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   kill(launcher->pid(), SIGTERM);
   Outcome o = launcher->finish();
   EXPECT_EQ(o.exit_code, 128 + SIGTERM) << o.err;
