@@ -266,6 +266,7 @@ std::string validate(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  fsdpp_run::block_signals_before_libraries(argv);
   Options opt;
   if (int code = parse_options(argc, argv, opt); code >= 0) return code;
   try {  // an elastic job's nodes come from its rendezvous

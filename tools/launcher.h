@@ -77,6 +77,13 @@ std::string adopt_slurm_allocation(Options& options);
 // The launcher's own messages, one line each on stderr.
 void say(const std::string& message);
 
+// First thing in main: libtorch (for the elastic rendezvous's store) may start threads before
+// main, which would take the signals the launcher reads from its signal descriptor (Debian's
+// 2.6 does: a SIGTERM then killed fsdpp-run, and a SIGCHLD could be lost). So the launcher
+// blocks them and re-executes itself: every thread then starts with them blocked. Ranks get the
+// original mask back.
+void block_signals_before_libraries(char** argv);
+
 // Prepares the launcher to supervise ranks: signals arrive on the returned descriptor (-1 on
 // failure, said) with `original_mask` the mask ranks get back; orphans come to be reaped.
 int start_supervising(sigset_t& original_mask);

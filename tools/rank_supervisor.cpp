@@ -14,8 +14,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -513,6 +515,17 @@ void Supervisor::on_exit(Rank& r, int status) {
   stop(SIGTERM, exit_code_of(status), describe_exit(r, status));
 }
 
+// The signals the launcher reads from its signal descriptor.
+sigset_t supervised_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM}) sigaddset(&set, sig);
+  return set;
+}
+
+// The mask fsdpp-run was started with, when block_signals_before_libraries re-executed it.
+std::optional<sigset_t> mask_before_reexec;
+
 // If we were started with fd 0, 1 or 2 closed, a pipe would take its number
 // and ranks' output would loop back into it: fill the gaps with /dev/null.
 void ensure_standard_fds() {
@@ -525,14 +538,39 @@ void ensure_standard_fds() {
 int watch_signals(sigset_t& original_mask) {
   signal(SIGPIPE, SIG_IGN);   // a closed stdout must not kill the supervisor
   signal(SIGCHLD, SIG_DFL);   // an inherited SIG_IGN would auto-reap the ranks
-  sigset_t set;
-  sigemptyset(&set);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM}) sigaddset(&set, sig);
+  const sigset_t set = supervised_signals();
   sigprocmask(SIG_BLOCK, &set, &original_mask);
+  if (mask_before_reexec) original_mask = *mask_before_reexec;
   return signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
 }
 
 }  // namespace
+
+void block_signals_before_libraries(char** argv) {
+  constexpr const char* kVariable = "FSDPP_RUN_ORIGINAL_SIGMASK";
+  if (const char* saved = std::getenv(kVariable)) {  // the re-executed launcher
+    sigset_t original;
+    sigemptyset(&original);
+    const unsigned long long bits = std::strtoull(saved, nullptr, 16);
+    for (int sig = 1; sig <= 64; ++sig)
+      if (bits >> (sig - 1) & 1) sigaddset(&original, sig);
+    mask_before_reexec = original;
+    unsetenv(kVariable);
+    return;
+  }
+  const sigset_t set = supervised_signals();
+  sigset_t original;
+  sigprocmask(SIG_BLOCK, &set, &original);
+  unsigned long long bits = 0;
+  for (int sig = 1; sig <= 64; ++sig)
+    if (sigismember(&original, sig) == 1) bits |= 1ULL << (sig - 1);
+  char text[32];
+  std::snprintf(text, sizeof text, "%llx", bits);
+  setenv(kVariable, text, 1);
+  execv("/proc/self/exe", argv);
+  unsetenv(kVariable);  // cannot: go on, with the libraries' threads as they are
+  sigprocmask(SIG_SETMASK, &original, nullptr);
+}
 
 int start_supervising(sigset_t& original_mask) {
   ensure_standard_fds();
