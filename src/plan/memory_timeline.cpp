@@ -1,5 +1,7 @@
 #include "plan/memory_timeline.h"
 
+#include <algorithm>
+
 namespace fsdpp::plan::detail {
 
 void MemoryTimeline::alloc(Bytes kind, int64_t bytes) {
@@ -10,6 +12,12 @@ void MemoryTimeline::alloc(Bytes kind, int64_t bytes) {
     peak_ = live_;
     at_peak_ = by_kind_;
   }
+  peak_with_transient_ = std::max(peak_with_transient_, live_ + transient_);
+}
+
+void MemoryTimeline::set_transient(int64_t bytes) {
+  transient_ = bytes;
+  peak_with_transient_ = std::max(peak_with_transient_, live_ + transient_);
 }
 
 void MemoryTimeline::free(Bytes kind, int64_t bytes) {

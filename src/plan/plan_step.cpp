@@ -141,9 +141,9 @@ StepPlan plan_and_trace(const ModelShape& model, const ParallelLayout& layout,
   plan.at_peak_activation_grads = r.at_peak_temporaries;
   plan.comm_buffers = r.at_peak_comm;
   plan.forward_peak_low = std::min(r.forward_peak, r.forward_peak_late);
-  plan.forward_peak_high = std::max(r.forward_peak, r.forward_peak_late);
+  plan.forward_peak_high = std::max(r.forward_peak, r.forward_peak_in_flight);
   plan.backward_peak_low = std::min(r.backward_peak, r.backward_peak_late);
-  plan.backward_peak_high = std::max(r.backward_peak, r.backward_peak_late);
+  plan.backward_peak_high = std::max(r.backward_peak, r.backward_peak_in_flight);
   plan.step_peak = plan.held + std::max(plan.forward_peak, plan.backward_peak);
   plan.step_peak_high = plan.held + std::max(plan.forward_peak_high, plan.backward_peak_high);
   if (trace) *trace = std::move(r.trace);

@@ -45,6 +45,9 @@ struct ReplayResult {
   int64_t forward_peak = 0, after_forward = 0, backward_peak = 0, activations = 0;
   // The same step's peaks in the slow order (replay_step fills them; 0 in a single replay).
   int64_t forward_peak_late = 0, backward_peak_late = 0;
+  // The slow order's peaks had the comm thread run a queued gather at the worst moment before
+  // its wait: its output allocated while its input is still alive (replay_step fills them).
+  int64_t forward_peak_in_flight = 0, backward_peak_in_flight = 0;
   int64_t at_peak_params = 0, at_peak_grads = 0, at_peak_comm = 0, at_peak_activations = 0, at_peak_temporaries = 0;
   std::vector<std::pair<std::string, int64_t>> trace;  // (event, live bytes after it)
   // kBounded: whether each unit prefetched (the decision of the replay without prefetch).

@@ -73,7 +73,9 @@ struct Case {
   // through block 0's backward when the comm thread has not yet run it (N = 1: 4.533 MiB in CI's
   // fresh clone, the range 3.779-4.533, both ends to 4 bytes). In bfloat16 at N = 2 to 4 the
   // half-precision reduce-scatter's float32 sums (1.5 MiB at N = 2) overlap the next block's
-  // matmuls or not (N = 2: 3.77 to 4.41 MiB in single steps, the range 3.96-4.59). What this
+  // matmuls or not (N = 2: 3.77 to 4.41 MiB in single steps, the range 3.96-4.91); at N = 1 the
+  // comm thread copies block 1's prefetched gather during block 2's backward or before it (CI's
+  // Debian leg: 2.194 to 2.559 MiB, the range 2.187-2.564). What this
   // cannot show: which order a step took, nor an error in the plan smaller than the gap
   // between the ends; the lines outside these stay checked against the benign order alone.
   bool forward_peak_ranged = false;
@@ -94,7 +96,7 @@ std::vector<Case> cases() {
       {"reshard_after_forward false", FullyShardOptions(pre).reshard_after_forward(false), false,
        ParallelLayout(plan_pre).reshard_after_forward(false)},
       {"bfloat16 compute", FullyShardOptions(pre).mp_policy(bf16), false,
-       ParallelLayout(plan_pre).param_dtype(at::kBFloat16).reduce_dtype(at::kBFloat16), false, {2, 3, 4}},
+       ParallelLayout(plan_pre).param_dtype(at::kBFloat16).reduce_dtype(at::kBFloat16), false, {1, 2, 3, 4}},
       {"activation checkpointing", pre, true, ParallelLayout(plan_pre).activation_checkpointing(true), true,
        {1, 2, 3, 4, 5, 6, 7, 8}},
       // fully_shard's default, BACKWARD_PRE_WITHIN_BOUND: the first step (measure_step's

@@ -131,6 +131,16 @@ TEST(PlanFormulas, SlowCommThreadHoldsOneReduceScatterInputMore) {
   EXPECT_EQ(p.step_peak_high, p.held + p.backward_peak_high);
 }
 
+TEST(PlanFormulas, QueuedGatherRunAtThePeakIsTheHighEnd) {
+  // bfloat16, one rank, BACKWARD_PRE: block 2's pre-backward queues block 1's gather, whose input
+  // (the shard cast to bfloat16, one gathered unit at N = 1) lives until the comm thread copies
+  // it into the output; run at block 2's peak (measured: CI once), both are alive there.
+  const StepPlan p = plan_step(ModelShape().layers(3).dim(128).heads(4).vocab(512).seq(64).batch(4),
+                               ParallelLayout().param_dtype(at::kBFloat16).reduce_dtype(at::kBFloat16).backward_prefetch(BackwardPrefetch::kBackwardPre));
+  EXPECT_EQ(p.backward_peak_low, 2293508);  // the slow order's, the gather's input alive at it
+  EXPECT_EQ(p.backward_peak_high, p.backward_peak_low + p.largest_unit);
+}
+
 TEST(PlanFormulas, LargestFittingModelFitsAndOneMoreLayerDoesNot) {
   const ModelShape m = ModelShape::llama(80, 8192, 64, 8, 28672, 128256).seq(8192).batch(1);
   const ParallelLayout l =
