@@ -295,52 +295,47 @@ int assign_files(std::vector<PlannedEntry>& plan, int64_t max_bytes) {
   return file + 1;
 }
 
-}  // namespace
-
-void detail::export_files(const StateDict& sd, const ExportTarget& target) {
-  at::NoGradGuard no_grad;
-  const Comm comm = Comm::of({}, target.api.c_str());
-  const int rank = comm.rank;  // the default group's rank is the global rank
-  const std::string failed = target.api + " to " + target.where + " failed: ";
-
-  // 1. Plan and headers (rank 0).
-  std::unique_ptr<Writer> writer;
-  std::string plan_text;
-  if (rank == 0) {
-    try {
-      if (target.where.empty()) throw Error("the file name is empty");
-      std::vector<PlannedEntry> plan = make_plan(sd, target);
-      const int n = assign_files(plan, target.max_file_bytes);
-      std::map<std::string, std::string> meta = target.metadata;
-      meta.emplace("format", "pt");
-      writer = std::make_unique<Writer>();
-      writer->cast = target.dtype;
-      for (int i = 0; i < n; ++i) {
-        std::vector<TensorSpec> specs;
-        for (const auto& p : plan)
-          if (p.file == i) specs.push_back({p.key, dtype_name(p.dtype), p.shape});
-        writer->files.push_back(target.file_name(i, n));
-        writer->tmps.push_back(writer->files.back() + ".tmp-" + std::to_string(::getpid()));
-        writer->prefixes.push_back(layout_safetensors(specs, meta).prefix);
-      }
-      writer->enter(0);
-      if (!writer->error.empty()) throw Error(writer->error);
-      plan_text = json({{"plan", plan_to_json(plan)}}).dump();
-    } catch (const std::exception& e) {
-      if (writer) writer->remove_all();
-      writer.reset();
-      plan_text = json({{"error", without_prefix(e.what())}}).dump();
-    }
+// Rank 0's files for `plan` (`n` of them): final and temporary paths, and each one's header.
+void lay_out_files(Writer& writer, const std::vector<PlannedEntry>& plan, int n, const ExportTarget& target) {
+  std::map<std::string, std::string> meta = target.metadata;
+  meta.emplace("format", "pt");
+  for (int i = 0; i < n; ++i) {
+    std::vector<TensorSpec> specs;
+    for (const auto& p : plan)
+      if (p.file == i) specs.push_back({p.key, dtype_name(p.dtype), p.shape});
+    writer.files.push_back(target.file_name(i, n));
+    writer.tmps.push_back(writer.files.back() + ".tmp-" + std::to_string(::getpid()));
+    writer.prefixes.push_back(layout_safetensors(specs, meta).prefix);
   }
-  comm.broadcast(plan_text);
-  const json planned = json::parse(plan_text);
-  if (planned.contains("error")) throw Error(failed + "rank 0: " + planned["error"].get<std::string>());
-  const std::vector<PlannedEntry> plan = plan_from_json(planned.at("plan"));
+}
 
-  // 2. Agree that every rank's dict fits the plan.
+// Step 1, rank 0: the plan, the files' headers and the first file created (into `writer`); the
+// plan as text for every rank, or rank 0's error, with nothing left on disk.
+std::string plan_and_open(const StateDict& sd, const ExportTarget& target, std::unique_ptr<Writer>& writer) {
+  try {
+    if (target.where.empty()) throw Error("the file name is empty");
+    std::vector<PlannedEntry> plan = make_plan(sd, target);
+    const int n = assign_files(plan, target.max_file_bytes);
+    writer = std::make_unique<Writer>();
+    writer->cast = target.dtype;
+    lay_out_files(*writer, plan, n, target);
+    writer->enter(0);
+    if (!writer->error.empty()) throw Error(writer->error);
+    return json({{"plan", plan_to_json(plan)}}).dump();
+  } catch (const std::exception& e) {
+    if (writer) writer->remove_all();
+    writer.reset();
+    return json({{"error", without_prefix(e.what())}}).dump();
+  }
+}
+
+// Step 2: every rank checks its own dict against the plan, and every rank's error goes to every
+// rank, so all throw or none (rank 0 first removing its files).
+void agree_on_plan(const Comm& comm, const StateDict& sd, const std::vector<PlannedEntry>& plan,
+                   const ExportTarget& target, Writer* writer, const std::string& failed) {
   std::string mine;
   try {
-    mine = check_against_plan(sd, plan, rank, target.dtype);
+    mine = check_against_plan(sd, plan, comm.rank, target.dtype);
   } catch (const std::exception& e) {
     mine = without_prefix(e.what());
   }
@@ -352,8 +347,10 @@ void detail::export_files(const StateDict& sd, const ExportTarget& target) {
     if (writer) writer->remove_all();
     throw Error(failed + errors);
   }
+}
 
-  // 3. Stream, one tensor at a time, file after file.
+// Step 3: one tensor at a time, file after file; `writer` is rank 0's (null elsewhere).
+void stream_entries(const StateDict& sd, const std::vector<PlannedEntry>& plan, int rank, Writer* writer) {
   for (const auto& p : plan) {
     if (writer) writer->enter(p.file);
     if (!p.sharded) {
@@ -361,41 +358,69 @@ void detail::export_files(const StateDict& sd, const ExportTarget& target) {
       continue;
     }
     if (!contains(p.group, rank)) continue;
-    stream_sharded(sd.at(p.key).sharded_tensor(), p, rank, writer.get());
+    stream_sharded(sd.at(p.key).sharded_tensor(), p, rank, writer);
   }
+}
 
-  // 4. Commit (rank 0) and tell every rank.
-  std::string outcome;
-  if (writer) {
-    if (writer->error.empty()) {
-      try {
-        writer->out.sync();
-        writer->out = File();  // closed
-        if (target.before_rename) target.before_rename(writer->files);
-        for (size_t i = 0; i < writer->files.size(); ++i)
-          if (::rename(writer->tmps[i].c_str(), writer->files[i].c_str()) != 0)
-            throw Error("cannot rename " + writer->tmps[i] + " to " + writer->files[i] + ": " + std::strerror(errno));
-        const std::string parent = std::filesystem::path(writer->files[0]).parent_path().string();
-        fsync_dir(parent.empty() ? "." : parent);
-        if (target.after_commit) {
-          ExportedFiles done;
-          done.files = writer->files;
-          for (const auto& p : plan) {
-            done.file_of[p.key] = std::filesystem::path(writer->files[p.file]).filename().string();
-            done.total_bytes += bytes_of(p);
-          }
-          target.after_commit(done);
-        }
-      } catch (const std::exception& e) {
-        writer->error = without_prefix(e.what());
-      }
+// Rank 0's written files synced and renamed into place, then reported to `target`; throws on
+// the first failure.
+void install_files(Writer& writer, const std::vector<PlannedEntry>& plan, const ExportTarget& target) {
+  writer.out.sync();
+  writer.out = File();  // closed
+  if (target.before_rename) target.before_rename(writer.files);
+  for (size_t i = 0; i < writer.files.size(); ++i)
+    if (::rename(writer.tmps[i].c_str(), writer.files[i].c_str()) != 0)
+      throw Error("cannot rename " + writer.tmps[i] + " to " + writer.files[i] + ": " + std::strerror(errno));
+  const std::string parent = std::filesystem::path(writer.files[0]).parent_path().string();
+  fsync_dir(parent.empty() ? "." : parent);
+  if (target.after_commit) {
+    ExportedFiles done;
+    done.files = writer.files;
+    for (const auto& p : plan) {
+      done.file_of[p.key] = std::filesystem::path(writer.files[p.file]).filename().string();
+      done.total_bytes += bytes_of(p);
     }
-    if (!writer->error.empty()) {
-      writer->remove_all();
-      outcome = failed + "rank 0: " + writer->error;
-      if (target.max_file_bytes == 0) outcome += " (a file already at " + target.where + ", if any, is untouched)";
+    target.after_commit(done);
+  }
+}
+
+// Step 4, rank 0: the files installed, or removed after any error; the outcome for every rank
+// ("" when the export succeeded).
+std::string commit(Writer& writer, const std::vector<PlannedEntry>& plan, const ExportTarget& target,
+                   const std::string& failed) {
+  if (writer.error.empty()) {
+    try {
+      install_files(writer, plan, target);
+    } catch (const std::exception& e) {
+      writer.error = without_prefix(e.what());
     }
   }
+  if (writer.error.empty()) return "";
+  writer.remove_all();
+  std::string outcome = failed + "rank 0: " + writer.error;
+  if (target.max_file_bytes == 0) outcome += " (a file already at " + target.where + ", if any, is untouched)";
+  return outcome;
+}
+
+}  // namespace
+
+void detail::export_files(const StateDict& sd, const ExportTarget& target) {
+  at::NoGradGuard no_grad;
+  const Comm comm = Comm::of({}, target.api.c_str());
+  const int rank = comm.rank;  // the default group's rank is the global rank
+  const std::string failed = target.api + " to " + target.where + " failed: ";
+
+  std::unique_ptr<Writer> writer;
+  std::string plan_text;
+  if (rank == 0) plan_text = plan_and_open(sd, target, writer);
+  comm.broadcast(plan_text);
+  const json planned = json::parse(plan_text);
+  if (planned.contains("error")) throw Error(failed + "rank 0: " + planned["error"].get<std::string>());
+  const std::vector<PlannedEntry> plan = plan_from_json(planned.at("plan"));
+
+  agree_on_plan(comm, sd, plan, target, writer.get(), failed);
+  stream_entries(sd, plan, rank, writer.get());
+  std::string outcome = writer ? commit(*writer, plan, target, failed) : "";
   comm.broadcast(outcome);
   if (!outcome.empty()) throw Error(outcome);
 }

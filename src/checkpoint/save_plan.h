@@ -42,10 +42,11 @@ struct PlannedChunk {
 struct GlobalPlan {
   std::map<std::string, std::pair<std::string, std::vector<int64_t>>> tensors;  // dtype, shape
   std::vector<std::vector<PlannedChunk>> writes;                                 // per rank
-  std::vector<SafetensorsLayout> layouts;
+  std::vector<SafetensorsLayout> layouts;  // per rank: its data file, `writes` in order
 };
 
-// From every rank's plan_of, in rank order; throws (alike on every rank) naming keys and ranks.
+// From every rank's plan_of, in rank order: the planner's writes (save_planner.h), then the
+// storage's file layouts (data_file_layout.h); throws (alike on every rank) naming keys and ranks.
 GlobalPlan make_plan(const std::vector<std::string>& plans);
 
 }  // namespace fsdpp::checkpoint::detail
