@@ -50,8 +50,6 @@ namespace fsdpp {
 
 namespace detail {
 class FSDPState;
-struct UnitMaterialization;
-class FSDPParamGroup;
 }
 
 // What unshard(async_op = true) returns: wait() finishes the all-gather and installs the
@@ -135,6 +133,21 @@ class FSDPModule : public torch::nn::Module {
   std::vector<std::string> sharded_parameter_names() const;
   // Elements of this unit's flat all-gather buffer (all ranks' padded shards).
   int64_t unsharded_padded_numel() const;
+  // The device this unit computes on: FullyShardOptions::device_id, else its parameters' device
+  // (the CPU for parameters built under deferred_init, and for a unit without parameters).
+  at::Device compute_device() const;
+
+  // For deferred init (<fsdpp/deferred_init.h> uses these):
+  // Whether this unit's parameters were built on the meta device and hold no values yet.
+  bool has_deferred_parameters() const;
+  // Gives them values (materialize_module calls it once per unit): while `init` runs they are
+  // full tensors in their own dtype, in host memory on this rank alone (no collective), holding
+  // no values until `init` writes every one; then this rank's rows become the shards and the
+  // full copy is freed. If `init` throws, the shards are left as they were. Not while the unit
+  // is gathered (throws). A unit without parameters to shard: nothing.
+  void materialize_parameters(const std::function<void()>& init);
+  // Takes the shards as they are, for a load to fill them (to_empty calls it).
+  void mark_parameters_materialized();
 
   // For state dicts and checkpoints (<fsdpp/state_dict.h> uses these):
   // The parameters this unit shards, in its order.
@@ -164,10 +177,9 @@ class FSDPModule : public torch::nn::Module {
 
  private:
   friend class FullParamsGuard;
-  friend struct detail::UnitMaterialization;
   static std::vector<std::weak_ptr<detail::FSDPState>> states_of(const std::vector<std::shared_ptr<FSDPModule>>& modules);
-  // Calls f on this unit's parameter group and, with recurse, on those of the units inside it.
-  void for_each_param_group(bool recurse, const std::function<void(detail::FSDPParamGroup&)>& f);
+  // Calls f on this unit's state and, with recurse, on those of the units inside it.
+  void for_each_state(bool recurse, const std::function<void(detail::FSDPState&)>& f);
 
   std::shared_ptr<torch::nn::Module> module_;
   MixedPrecisionPolicy mp_policy_;  // the forward's input and output casts

@@ -32,6 +32,19 @@ bool gathers_in_place(const ProcessGroup& group, const at::Device& device) {
 
 ProcessGroup post_forward_group(const ProcessGroup& group, int k) { return consecutive_subgroup(group, k); }
 
+AllGatherInput all_gather_input(const at::Tensor& sharded_flat, const at::TensorOptions& options) {
+  if (!sharded_flat.is_cpu() || options.device().is_cpu()) return {sharded_flat.to(options), {}};
+  const at::Tensor input = unallocated(sharded_flat.numel(), options);
+  return {input, [input, shards = sharded_flat] {
+            allocate_storage(input);
+            // A cast in the same copy would be made on the host first (from unpinned memory).
+            if (shards.scalar_type() == input.scalar_type())
+              input.copy_(shards, /*non_blocking=*/shards.is_pinned());
+            else
+              input.copy_(shards.to(input.device(), /*non_blocking=*/shards.is_pinned()));
+          }};
+}
+
 UnitAllGather::~UnitAllGather() {
   if (in_flight_) wait_quietly(work_);
 }

@@ -1,9 +1,12 @@
 #pragma once
 // The collectives of one FSDP unit (FSDP2's _fsdp_collectives: foreach_all_gather with its
-// copy-out, foreach_reduce): issuing them over the unit's flat buffers (unit_flat_layout),
-// waiting for them, placing what arrived, and writing the gradient shards into `.grad`.
-// FSDPParamGroup decides when each runs and passes the streams they run on (its tree's
-// FSDPCommContext). Which transport path a gather takes is chosen here and nowhere else.
+// copy-in and copy-out, foreach_reduce): issuing them over the unit's flat buffers
+// (unit_flat_layout), waiting for them, placing what arrived, and writing the gradient shards
+// into `.grad`. FSDPParamGroup decides when each runs and passes the streams they run on (its
+// tree's FSDPCommContext). Whether a gather puts each rank's chunks straight into the unsharded
+// flat or goes through a rank-major buffer is decided here (gathers_in_place) and nowhere else;
+// the transport and the stream a collective takes are src/comm's (comm/device_handoff makes the
+// context's streams on first use and runs each collective on the one it is given).
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -30,6 +33,16 @@ bool gathers_in_place(const ProcessGroup& group, const at::Device& device);
 // The k-rank post-forward group of reshard_after_forward = k: consecutive ranks of `group`.
 ProcessGroup post_forward_group(const ProcessGroup& group, int k);
 
+// A gather's input made from the unit's sharded flat in `options` (the dtype it moves, on the
+// compute device). A cast or copy made now, except from host memory (CPU offload) to an
+// accelerator: then memory that `copy_in` fills within the gather's launch, on the all-gather
+// stream (FSDP2's copy-in; non-blocking from pinned memory), not on the compute stream.
+struct AllGatherInput {
+  at::Tensor input;
+  std::function<void()> copy_in;  // empty unless copied in from the host
+};
+AllGatherInput all_gather_input(const at::Tensor& sharded_flat, const at::TensorOptions& options);
+
 // A unit's all-gathers: the path they take, and the one in flight.
 class UnitAllGather {
  public:
@@ -50,9 +63,8 @@ class UnitAllGather {
   // at the launch on the device path under NCCL, as FSDP2 does). In place (the path chosen,
   // for a gather of one sharded flat per rank): each rank's chunks go straight to their places;
   // otherwise (a k-way post-forward shard: several flats per member) into a rank-major output
-  // placed by finish(). `copy_in`, if any, fills `input` first, within the gather's launch (on
-  // an accelerator: on the all-gather stream, FSDP2's copy-in), where CPU offload copies the
-  // shards from pinned host memory. On the device path the gather runs on `stream`.
+  // placed by finish(). `copy_in`, if any, fills `input` first, within the gather's launch
+  // (all_gather_input). On the device path the gather runs on `stream`.
   void start(const at::Tensor& input, const ProcessGroup& group, std::shared_ptr<const GatherLayout> layout,
              const at::Tensor& target, CommStream& stream, std::function<void()> copy_in = {});
   bool in_flight() const { return in_flight_; }

@@ -145,7 +145,7 @@ void FSDPModule::forward_steps(const std::vector<at::Tensor*>& inputs,
     std::vector<std::shared_ptr<detail::FSDPState>> inner;
     for (const auto& m : modules())
       if (auto* f = dynamic_cast<FSDPModule*>(m.get())) {
-        if (const auto* g = f->state_->param_group(); g && g->deferred())
+        if (f->has_deferred_parameters())
           throw Error("FSDP unit " + f->state_->name() + " was built under fsdpp::deferred_init and its parameters " +
                       "hold no values yet: call fsdpp::materialize_module(model), or fsdpp::to_empty(model) and " +
                       "load a checkpoint, before the first forward");
@@ -197,27 +197,37 @@ void FSDPModule::set_checkpoint_wrapped_module(bool value) {
   checkpoint_wrapped_module_ = value;
 }
 
-void FSDPModule::for_each_param_group(bool recurse, const std::function<void(detail::FSDPParamGroup&)>& f) {
-  if (auto* g = state_->param_group()) f(*g);
+void FSDPModule::for_each_state(bool recurse, const std::function<void(detail::FSDPState&)>& f) {
+  f(*state_);
   if (!recurse) return;
   for (const auto& m : module_->modules())
-    if (auto* unit = dynamic_cast<FSDPModule*>(m.get())) unit->for_each_param_group(false, f);
+    if (auto* unit = dynamic_cast<FSDPModule*>(m.get())) unit->for_each_state(false, f);
 }
 
+namespace {
+// A setter of every parameter group among the states for_each_state visits.
+template <typename Set>
+std::function<void(detail::FSDPState&)> on_param_group(Set set) {
+  return [set](detail::FSDPState& s) {
+    if (auto* g = s.param_group()) set(*g);
+  };
+}
+}  // namespace
+
 void FSDPModule::set_reshard_after_forward(bool value, bool recurse) {
-  for_each_param_group(recurse, [&](detail::FSDPParamGroup& g) { g.set_reshard_after_forward(value); });
+  for_each_state(recurse, on_param_group([&](detail::FSDPParamGroup& g) { g.set_reshard_after_forward(value); }));
 }
 
 void FSDPModule::set_requires_gradient_sync(bool value, bool recurse) {
-  for_each_param_group(recurse, [&](detail::FSDPParamGroup& g) { g.set_requires_gradient_sync(value); });
+  for_each_state(recurse, on_param_group([&](detail::FSDPParamGroup& g) { g.set_requires_gradient_sync(value); }));
 }
 
 void FSDPModule::set_requires_all_reduce(bool value, bool recurse) {
-  for_each_param_group(recurse, [&](detail::FSDPParamGroup& g) { g.set_requires_all_reduce(value); });
+  for_each_state(recurse, on_param_group([&](detail::FSDPParamGroup& g) { g.set_requires_all_reduce(value); }));
 }
 
 void FSDPModule::set_reshard_after_backward(bool value, bool recurse) {
-  for_each_param_group(recurse, [&](detail::FSDPParamGroup& g) { g.set_reshard_after_backward(value); });
+  for_each_state(recurse, on_param_group([&](detail::FSDPParamGroup& g) { g.set_reshard_after_backward(value); }));
 }
 
 std::vector<std::weak_ptr<detail::FSDPState>> FSDPModule::states_of(const std::vector<std::shared_ptr<FSDPModule>>& modules) {
@@ -256,6 +266,21 @@ std::vector<std::string> FSDPModule::sharded_parameter_names() const {
 int64_t FSDPModule::unsharded_padded_numel() const {
   const auto* g = state_->param_group();
   return g ? g->unsharded_numel() : 0;
+}
+
+at::Device FSDPModule::compute_device() const { return state_->compute_device(); }
+
+bool FSDPModule::has_deferred_parameters() const {
+  const auto* g = state_->param_group();
+  return g && g->deferred();
+}
+
+void FSDPModule::materialize_parameters(const std::function<void()>& init) {
+  if (auto* g = state_->param_group()) g->materialize(init);
+}
+
+void FSDPModule::mark_parameters_materialized() {
+  if (auto* g = state_->param_group()) g->mark_materialized();
 }
 
 std::vector<ShardedParameter> FSDPModule::sharded_parameters() const {

@@ -2,18 +2,15 @@
 
 #include <functional>
 #include <utility>
-#include <sstream>
 
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 #include <fsdpp/profiler.h>
 
 #include "fsdp/fsdp_collectives.h"
 #include "fsdp/storage_memory.h"
-#include "memory/allocator_caching.h"
 #include "profiler/timeline.h"
 
 namespace fsdpp::detail {
@@ -27,76 +24,6 @@ c10::OutOfMemoryError out_of_memory_in(const std::string& unit, const c10::OutOf
 
 }  // namespace
 
-FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, UnitGroups groups,
-                               std::string unit_name, std::string trace_name, const ParamGroupPolicies& policies)
-    : unit_name_(std::move(unit_name)),
-      trace_name_(std::move(trace_name)),
-      process_group_(std::move(groups.shard)),
-      replicate_group_(groups.replicated() ? std::move(groups.replicate) : ProcessGroup()),
-      offload_policy_(policies.offload_policy),
-      param_dtype_(policies.mp_policy.param_dtype()),
-      reduce_dtype_(policies.mp_policy.reduce_dtype()),
-      reshard_policy_(policies.reshard_after_forward),
-      gradient_reduce_(process_group_, replicate_group_) {
-  if (!process_group_.is_member()) throw Error("fully_shard of " + unit_name_ + ": this rank is not a member of group " + process_group_.name());
-  rank_ = process_group_.rank();
-  world_size_ = process_group_.size();
-  if (post_forward_size() > 0) post_forward_group_ = post_forward_group(process_group_, post_forward_size());
-  if (params.empty()) throw Error("fully_shard of " + unit_name_ + ": no parameters to shard");
-  const at::Tensor& first = params.front().second;
-  for (auto& [name, p] : params) {
-    if (p.scalar_type() != first.scalar_type() || p.device() != first.device())
-      throw Error("fully_shard of " + unit_name_ + ": parameter '" + name + "' is " +
-                  std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() + " but '" +
-                  params.front().first + "' is " + std::string(c10::toString(first.scalar_type())) + " on " +
-                  first.device().str() + "; one unit needs one dtype and device");
-    if (!p.is_contiguous() || p.layout() != at::kStrided)
-      throw Error("fully_shard of " + unit_name_ + ": parameter '" + name + "' must be a dense contiguous tensor");
-    params_.emplace_back(name, p, process_group_);
-  }
-  check_same_on_all_ranks();
-  flat_ = UnitFlatLayout(params_, world_size_);
-  gather_layout_ = std::make_shared<const GatherLayout>(flat_.gather_layout());
-  if (post_forward_size() > 0)
-    post_forward_gather_layout_ = std::make_shared<const GatherLayout>(flat_.gather_layout(world_size_ / post_forward_size()));
-  deferred_ = first.is_meta();
-  compute_device_ = policies.device_id.value_or(deferred_ ? at::Device(at::kCPU) : first.device());
-  // Read once the check's all-reduce decided the group's transport (on its comm thread).
-  all_gather_.choose_path(process_group_, compute_device_);
-  // The full parameters this frees are never allocated again: back to the system, not cached.
-  NoCachingScope no_caching;
-  const at::Tensor from_rank0 = policies.sync_module_states ? broadcast_from_rank0(first.scalar_type()) : at::Tensor();
-  bind_flat_buffers(sharded_options(first.scalar_type()), /*initial=*/true);
-  if (from_rank0.defined()) {
-    bind_unsharded(from_rank0);
-    for (auto& p : params_) p.write_back_unsharded();
-    release_storage(from_rank0);  // before the compute buffer's momentary bytes: one unit at a time
-    rebind_compute_buffer();
-    deferred_ = false;
-  }
-}
-
-at::Tensor FSDPParamGroup::broadcast_from_rank0(at::ScalarType dtype) {
-  at::Tensor full = at::empty({flat_.unsharded_numel()}, at::TensorOptions().dtype(dtype).device(compute_device_));
-  bind_unsharded(full);
-  const bool source = process_group_.rank() == 0 && (!replicate_group_.defined() || replicate_group_.rank() == 0);
-  if (source && !deferred_)
-    for (auto& p : params_) p.copy_full_into_unsharded();
-  // Whether the source has values, first: every rank then fails alike instead of waiting.
-  at::Tensor has_values = at::full({1}, source && !deferred_ ? 1 : 0, at::kInt);
-  // Along the shard group from its rank 0, then along the replicate group (HSDP) from the rank 0
-  // that now holds the source's values; the flag takes the same path.
-  for (const ProcessGroup* group : {&process_group_, &replicate_group_})
-    if (group->defined()) {
-      broadcast(has_values, group->global_rank(0), *group);
-      broadcast(full, group->global_rank(0), *group);
-    }
-  if (has_values.item<int>() != 1)
-    throw Error("fully_shard of " + unit_name_ + " with sync_module_states: rank 0 holds no values for '" +
-                params_.front().fqn() + "' (it was built under deferred_init); rank 0 must build the model with its values");
-  return full;
-}
-
 void FSDPParamGroup::rebind_compute_buffer() {
   allocate_storage(unsharded_flat_);
   bind_unsharded(unsharded_flat_);
@@ -106,32 +33,12 @@ void FSDPParamGroup::rebind_compute_buffer() {
 // The collectives in flight are waited for by their own destructors; the parameters stay shards.
 FSDPParamGroup::~FSDPParamGroup() = default;
 
-void FSDPParamGroup::check_same_on_all_ranks() {
-  // A fingerprint of the unit's parameter names, shapes and dtypes; MAX of (h, -h) over the
-  // group equals (h, -h) on every rank only if all ranks agree.
-  std::string description;
-  for (const auto& p : params_) {
-    std::ostringstream one;
-    one << "'" << p.fqn() << "' " << p.param().sizes() << " " << c10::toString(p.param().scalar_type()) << "; ";
-    description += one.str();
-  }
-  const int64_t h = static_cast<int64_t>(std::hash<std::string>{}(description) >> 1);
-  for (const ProcessGroup* group : {&process_group_, &replicate_group_}) {
-    if (!group->defined()) continue;
-    at::Tensor t = at::tensor(std::vector<int64_t>{h, -h}, at::kLong);
-    all_reduce(t, ReduceOp::MAX, *group);
-    if (t[0].item<int64_t>() != h || t[1].item<int64_t>() != -h)
-      throw Error("fully_shard of " + unit_name_ + ": the ranks' models differ; rank " + std::to_string(group->rank()) +
-                  " of group " + group->name() + " has " + description + "build the same model on every rank");
-  }
-}
-
 void FSDPParamGroup::bind_flat_buffers(const at::TensorOptions& options, bool initial) {
-  sharded_flat_ = at::zeros({flat_.shard_numel()}, options);
-  unsharded_flat_ = at::empty({flat_.unsharded_numel()}, compute_options());
+  sharded_flat_ = at::zeros({flat_layout_.shard_numel()}, options);
+  unsharded_flat_ = at::empty({flat_layout_.unsharded_numel()}, compute_options());
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
-    at::Tensor chunk = sharded_flat_.narrow(0, flat_.shard_offset(i), p.padded_chunk_numel());
+    at::Tensor chunk = sharded_flat_.narrow(0, flat_layout_.shard_offset(i), p.padded_chunk_numel());
     if (initial)
       p.init_sharded(chunk);
     else
@@ -143,7 +50,7 @@ void FSDPParamGroup::bind_flat_buffers(const at::TensorOptions& options, bool in
 
 void FSDPParamGroup::bind_unsharded(const at::Tensor& flat) {
   for (size_t i = 0; i < params_.size(); ++i)
-    params_[i].init_unsharded(flat.narrow(0, flat_.unsharded_offset(i), params_[i].padded_chunk_numel() * world_size_));
+    params_[i].init_unsharded(flat.narrow(0, flat_layout_.unsharded_offset(i), params_[i].padded_chunk_numel() * world_size_));
 }
 
 at::TensorOptions FSDPParamGroup::sharded_options(at::ScalarType dtype) const {
@@ -160,11 +67,11 @@ at::TensorOptions FSDPParamGroup::compute_options() const {
 }
 
 int64_t FSDPParamGroup::unsharded_compute_bytes() const {
-  return flat_.unsharded_numel() * static_cast<int64_t>(c10::elementSize(compute_options().dtype().toScalarType()));
+  return flat_layout_.unsharded_numel() * static_cast<int64_t>(c10::elementSize(compute_options().dtype().toScalarType()));
 }
 
 int64_t FSDPParamGroup::unsharded_reduce_bytes() const {
-  return flat_.unsharded_numel() * static_cast<int64_t>(c10::elementSize(reduce_options().dtype().toScalarType()));
+  return flat_layout_.unsharded_numel() * static_cast<int64_t>(c10::elementSize(reduce_options().dtype().toScalarType()));
 }
 
 at::TensorOptions FSDPParamGroup::reduce_options() const {
@@ -206,12 +113,12 @@ void FSDPParamGroup::finish_all_gather(bool keep) {
 }
 
 void FSDPParamGroup::unshard(UnshardFor purpose) {
-  if (unsharded_ || all_gather_.in_flight()) return;
+  if (is_unsharded() || all_gather_.in_flight()) return;
   profiler::record_function span(profiler::detail::span_name("FSDP::unshard", trace_name_));
   // A reduce-scatter left in flight by a backward that was not the last one.
   finalize_backward();
   if (purpose != UnshardFor::kBackward) drop_post_forward_shard();
-  if (post_forward_shard_.defined()) {
+  if (sharded_state_ == ShardedState::kShardedPostForward) {
     all_gather_.start(post_forward_shard_, post_forward_group_, post_forward_gather_layout_, unsharded_flat_,
                       comm_context_->all_gather);
     return;
@@ -228,75 +135,28 @@ void FSDPParamGroup::unshard(UnshardFor purpose) {
       gathering_full_precision_ ? at::TensorOptions().dtype(sharded_flat_.scalar_type()).device(compute_device_)
                                 : compute_options();
   // Its memory comes when the exchange starts (in place) or at the wait.
-  if (gathering_full_precision_) full_precision_flat_ = unallocated(flat_.unsharded_numel(), input_options);
+  if (gathering_full_precision_) full_precision_flat_ = unallocated(flat_layout_.unsharded_numel(), input_options);
   const at::Tensor& target = gathering_full_precision_ ? full_precision_flat_ : unsharded_flat_;
-  if (sharded_flat_.is_cpu() && !compute_device_.is_cpu()) {
-    // CPU offload with an accelerator computing: the shards are copied to it within the gather's
-    // launch, on the all-gather stream (non-blocking from pinned memory), not on the compute
-    // stream.
-    const at::Tensor input = unallocated(sharded_flat_.numel(), input_options);
-    all_gather_.start(input, process_group_, gather_layout_, target, comm_context_->all_gather,
-                      [input, shards = sharded_flat_] {
-      allocate_storage(input);
-      // A cast in the same copy would be made on the host first (from unpinned memory).
-      if (shards.scalar_type() == input.scalar_type())
-        input.copy_(shards, /*non_blocking=*/shards.is_pinned());
-      else
-        input.copy_(shards.to(input.device(), /*non_blocking=*/shards.is_pinned()));
-    });
-    return;
-  }
-  all_gather_.start(sharded_flat_.to(input_options), process_group_, gather_layout_, target, comm_context_->all_gather);
-}
-
-void FSDPParamGroup::materialize(const std::function<void()>& init) {
-  if (unsharded_ || all_gather_.in_flight())
-    throw Error("FSDP unit " + unit_name_ + ": materialize while its parameters are gathered");
-  // Computing on the CPU in the parameters' own dtype: the compute buffer itself, whose views they
-  // already are (nothing to rebind, so nothing can be left pointing at freed memory). Otherwise a
-  // host buffer of their dtype, the views rebound to the compute buffer afterwards: initializers
-  // draw from the CPU generator, so a unit computing on a GPU gets the CPU's values.
-  const bool own_dtype = unsharded_flat_.scalar_type() == sharded_flat_.scalar_type() && compute_device_.is_cpu();
-  at::Tensor full = unsharded_flat_;
-  if (own_dtype) {
-    allocate_storage(unsharded_flat_);
-  } else {
-    full = at::empty({flat_.unsharded_numel()}, sharded_flat_.options().device(at::kCPU).pinned_memory(false));
-    bind_unsharded(full);
-  }
-  for (auto& p : params_) p.to_unsharded();
-  auto back_to_shards = [&](bool keep_values) {
-    for (auto& p : params_) {
-      if (keep_values) p.write_back_unsharded();
-      p.to_sharded();
-    }
-    release_storage(full);
-    if (!own_dtype) rebind_compute_buffer();
-  };
-  try {
-    init();
-  } catch (...) {
-    back_to_shards(/*keep_values=*/false);
-    throw;
-  }
-  back_to_shards(/*keep_values=*/true);
-  deferred_ = false;
+  AllGatherInput input = all_gather_input(sharded_flat_, input_options);
+  all_gather_.start(input.input, process_group_, gather_layout_, target, comm_context_->all_gather,
+                    std::move(input.copy_in));
 }
 
 void FSDPParamGroup::drop_post_forward_shard() {
-  if (!post_forward_shard_.defined()) return;
+  if (sharded_state_ != ShardedState::kShardedPostForward) return;
   release_storage(post_forward_shard_);
   post_forward_shard_ = at::Tensor();
+  sharded_state_ = ShardedState::kSharded;
 }
 
 void FSDPParamGroup::write_back_unsharded() {
-  if (!unsharded_) return;
+  if (!is_unsharded()) return;
   for (auto& p : params_) p.write_back_unsharded();
 }
 
 void FSDPParamGroup::reshard_after_forward() {
   if (!reshard_policy_.reshards()) return;
-  if (post_forward_size() == 0 || !unsharded_) {
+  if (post_forward_size() == 0 || !is_unsharded()) {
     reshard();
     return;
   }
@@ -304,13 +164,14 @@ void FSDPParamGroup::reshard_after_forward() {
   const int64_t per_member = world_size_ / post_forward_size();
   const int64_t first = post_forward_group_.rank() * per_member;
   at::NoGradGuard no_grad;
-  at::Tensor kept = flat_.post_forward_shard(params_, first, per_member, unsharded_flat_.options());
+  at::Tensor kept = flat_layout_.post_forward_shard(params_, first, per_member, unsharded_flat_.options());
   reshard();
   post_forward_shard_ = std::move(kept);
+  sharded_state_ = ShardedState::kShardedPostForward;
 }
 
 void FSDPParamGroup::wait_for_unshard() {
-  if (unsharded_) return;
+  if (is_unsharded()) return;
   profiler::record_function span(profiler::detail::span_name("FSDP::wait_for_unshard", trace_name_));
   if (!all_gather_.in_flight()) unshard();
   finish_all_gather(/*keep=*/true);
@@ -321,26 +182,26 @@ void FSDPParamGroup::wait_for_unshard() {
   }
   drop_post_forward_shard();
   for (auto& p : params_) p.to_unsharded();
-  unsharded_ = true;
+  sharded_state_ = ShardedState::kUnsharded;
 }
 
 std::vector<at::Tensor> FSDPParamGroup::full_values() const {
   // Views of one buffer of their own (no second copy of the unit).
-  const at::Tensor unsharded = gather_unsharded_copy(sharded_flat_, flat_, gather_layout_, process_group_, compute_device_);
+  const at::Tensor unsharded = gather_unsharded_copy(sharded_flat_, flat_layout_, gather_layout_, process_group_, compute_device_);
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& p = params_[i];
-    out.push_back(unsharded.narrow(0, flat_.unsharded_offset(i), p.numel()).view(p.unsharded_size()));
+    out.push_back(unsharded.narrow(0, flat_layout_.unsharded_offset(i), p.numel()).view(p.unsharded_size()));
   }
   return out;
 }
 
 ShardedTensor FSDPParamGroup::flat_value() const {
-  return flat_.local_flat_value(params_, sharded_flat_.scalar_type(), process_group_);
+  return flat_layout_.local_flat_value(params_, sharded_flat_.scalar_type(), process_group_);
 }
 
 std::vector<at::Tensor> FSDPParamGroup::local_rows_from_flat(const ShardedTensor& flat) const {
-  return flat_.local_rows_from_flat(params_, flat, rank_, unit_name_);
+  return flat_layout_.local_rows_from_flat(params_, flat, rank_, unit_name_);
 }
 
 void FSDPParamGroup::drop_pending_unshard() {
@@ -351,14 +212,14 @@ void FSDPParamGroup::reshard() {
   // A gather nobody waited for: finish it so the group stays in step, then drop it.
   drop_pending_unshard();
   drop_post_forward_shard();
-  if (!unsharded_) return;
+  if (!is_unsharded()) return;
   for (auto& p : params_) p.to_sharded();
   if (full_precision_flat_.defined()) {
     rebind_compute_buffer();
     full_precision_flat_ = at::Tensor();
   }
   release_storage(unsharded_flat_);
-  unsharded_ = false;
+  sharded_state_ = ShardedState::kSharded;
 }
 
 bool FSDPParamGroup::post_backward(const std::function<void()>& after_release) {
@@ -411,7 +272,7 @@ bool FSDPParamGroup::post_backward(const std::function<void()>& after_release) {
   // would otherwise coexist.
   reshard();
   try {
-    gradient_reduce_.pack(params_, flat_, grads, std::move(had_grad), reduce_options());
+    gradient_reduce_.pack(params_, flat_layout_, grads, std::move(had_grad), reduce_options());
   } catch (const c10::OutOfMemoryError& e) {
     throw out_of_memory_in(unit_name_, e);
   }
@@ -423,7 +284,7 @@ bool FSDPParamGroup::post_backward(const std::function<void()>& after_release) {
     gradient_reduce_.drop_packed();
     throw;
   }
-  gradient_reduce_.issue(flat_, requires_all_reduce_, sharded_flat_.options(), *comm_context_);
+  gradient_reduce_.issue(flat_layout_, requires_all_reduce_, sharded_flat_.options(), *comm_context_);
   return true;
 }
 
@@ -431,7 +292,7 @@ void FSDPParamGroup::finalize_backward() {
   if (!gradient_reduce_.pending()) return;
   profiler::record_function span(profiler::detail::span_name("FSDP::finalize_backward", trace_name_));
   try {
-    gradient_reduce_.finish(params_, flat_, sharded_flat_.options());
+    gradient_reduce_.finish(params_, flat_layout_, sharded_flat_.options());
   } catch (const c10::OutOfMemoryError& e) {
     throw out_of_memory_in(unit_name_, e);
   }

@@ -2,8 +2,10 @@
 // One FSDP unit's state machine (FSDP2's FSDPParamGroup): sharded, gathering (all-gather in
 // flight), unsharded, and resharded after forward (maybe keeping the k-way post-forward shard);
 // then, in backward, gradient accumulation and the reduction of the gradients into
-// shard-shaped `.grad`. This file decides when; the flat buffers' byte layouts are in
-// unit_flat_layout, and the collectives are issued, waited for and placed by fsdp_collectives.
+// shard-shaped `.grad`. fsdp_param_group.cpp decides when; the flat buffers' byte layouts are in
+// unit_flat_layout, the collectives are issued, waited for and placed by fsdp_collectives, and
+// construction (the ranks' model check, sync_module_states) and deferred materialization are in
+// fsdp_param_group_init.cpp.
 // The unsharded flat keeps one storage for the unit's life; resharding frees its memory
 // (the storage shrinks to 0 bytes) and unsharding reallocates it, so views that autograd
 // saved during forward see the regathered values in backward.
@@ -32,6 +34,10 @@ namespace fsdpp::detail {
 // shard), or summon_full_params (the parameters' own dtype, whatever the mixed-precision policy).
 enum class UnshardFor { kForward, kBackward, kFullPrecision };
 
+// Where the unit's parameters are (FSDP2's ShardedState): this rank's shards; the shards and
+// the k-way post-forward shard kept for backward's gather; or views into the unsharded flat.
+enum class ShardedState { kSharded, kShardedPostForward, kUnsharded };
+
 // What fully_shard's options say about one unit's memory and collectives.
 struct ParamGroupPolicies {
   ReshardPolicy reshard_after_forward;
@@ -56,7 +62,7 @@ class FSDPParamGroup {
 
   const std::vector<FSDPParam>& fsdp_params() const { return params_; }
   const ProcessGroup& process_group() const { return process_group_; }
-  int64_t unsharded_numel() const { return flat_.unsharded_numel(); }
+  int64_t unsharded_numel() const { return flat_layout_.unsharded_numel(); }
   // Bytes of the unsharded parameters as computed with (the gather's output, and the gradients
   // backward produces), and of the reduce-scatter input.
   int64_t unsharded_compute_bytes() const;
@@ -68,11 +74,11 @@ class FSDPParamGroup {
   void unshard(UnshardFor purpose = UnshardFor::kForward);
   // Waits for the all-gather and makes the parameters views into the unsharded buffer.
   void wait_for_unshard();
-  bool is_unsharded() const { return unsharded_; }
+  bool is_unsharded() const { return sharded_state_ == ShardedState::kUnsharded; }
   // Unsharded for compute in a dtype other than the parameters' own (mixed precision), not by
   // summon_full_params's full-precision gather.
   bool unsharded_below_full_precision() const {
-    return unsharded_ && !full_precision_flat_.defined() && unsharded_flat_.scalar_type() != sharded_flat_.scalar_type();
+    return is_unsharded() && !full_precision_flat_.defined() && unsharded_flat_.scalar_type() != sharded_flat_.scalar_type();
   }
   // Parameters back to shards; frees the unsharded memory (and any post-forward shard).
   void reshard();
@@ -83,10 +89,11 @@ class FSDPParamGroup {
   // post-forward shard.
   void reshard_after_forward();
   const ReshardPolicy& reshard_policy() const { return reshard_policy_; }
-  // Deferred init (materialize_module): the unit's full parameters, in their own dtype, on this
-  // rank alone (no collective) while `init` writes them; then this rank's rows become the
-  // shards and the full copy is freed. The parameters were built on the meta device and hold
-  // no values until this or mark_materialized (to_empty: a checkpoint load fills the shards).
+  // Deferred init (materialize_module; fsdp_param_group_init.cpp): the unit's full parameters,
+  // in their own dtype, on this rank alone (no collective) while `init` writes them; then this
+  // rank's rows become the shards and the full copy is freed. The parameters were built on the
+  // meta device and hold no values until this or mark_materialized (to_empty: a checkpoint
+  // load fills the shards).
   void materialize(const std::function<void()>& init);
   bool deferred() const { return deferred_; }
   const at::Device& compute_device() const { return compute_device_; }
@@ -141,8 +148,6 @@ class FSDPParamGroup {
   // Follows a cast of the parameters (module->to(dtype) after wrapping): new flat buffers
   // in the new dtype.
   void handle_dtype_change();
-  // Throws if the ranks' parameters (names, shapes, dtypes) of this unit differ.
-  void check_same_on_all_ranks();
   // New flat sharded and unsharded buffers with `options`, the parameters bound to them
   // (initial: their current full values are sharded; else their shards move over).
   void bind_flat_buffers(const at::TensorOptions& options, bool initial);
@@ -151,8 +156,9 @@ class FSDPParamGroup {
   // The parameters' unsharded views back on the compute buffer, whose memory stays released
   // (views need a storage with bytes, so it is allocated for the moment).
   void rebind_compute_buffer();
-  // sync_module_states: the unit's full values on rank 0 of the groups, broadcast to all, with
-  // the unsharded views bound to them (before the parameters become shards).
+  // sync_module_states (fsdp_param_group_init.cpp): the unit's full values on rank 0 of the
+  // groups, broadcast to all, with the unsharded views bound to them (before the parameters
+  // become shards).
   at::Tensor broadcast_from_rank0(at::ScalarType dtype);
   // The sharded flat buffer's options for `dtype`: on the host under CPU offload.
   at::TensorOptions sharded_options(at::ScalarType dtype) const;
@@ -174,14 +180,14 @@ class FSDPParamGroup {
   int rank_ = 0;
   int world_size_ = 1;
   std::vector<FSDPParam> params_;
-  UnitFlatLayout flat_;
+  UnitFlatLayout flat_layout_;  // where the bytes lie in the two flat tensors below
   std::shared_ptr<const GatherLayout> gather_layout_;  // from sharded flats, or post-forward shards
   std::shared_ptr<const GatherLayout> post_forward_gather_layout_;
   at::Device compute_device_ = at::kCPU;
   OffloadPolicy offload_policy_;
   at::Tensor sharded_flat_;    // on the host under CPU offload, else on the compute device
   at::Tensor unsharded_flat_;  // in the compute dtype, on the compute device
-  bool unsharded_ = false;
+  ShardedState sharded_state_ = ShardedState::kSharded;
   bool deferred_ = false;  // built on the meta device; no values yet
   std::optional<at::ScalarType> param_dtype_, reduce_dtype_;
   // summon_full_params under mixed precision: the gather is in the sharded dtype and the
@@ -191,7 +197,7 @@ class FSDPParamGroup {
 
   ReshardPolicy reshard_policy_;
   ProcessGroup post_forward_group_;
-  at::Tensor post_forward_shard_;
+  at::Tensor post_forward_shard_;  // defined in ShardedState::kShardedPostForward only
 
   UnitAllGather all_gather_;
   UnitGradientReduce gradient_reduce_;

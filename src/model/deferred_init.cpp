@@ -22,26 +22,13 @@
 #include <fsdpp/fully_shard.h>
 
 #include "compat/meta_device.h"
-#include "fsdp/fsdp_param_group.h"
-#include "fsdp/fsdp_state.h"
 
 namespace fsdpp {
 
 MetaDeviceGuard::MetaDeviceGuard() : scope_(std::make_unique<compat::MetaDeviceScope>()) {}
 MetaDeviceGuard::~MetaDeviceGuard() = default;
 
-namespace detail {
-// FSDPModule's friend: the parameter group of one unit (null if it shards nothing), and the
-// device it computes on.
-struct UnitMaterialization {
-  static FSDPParamGroup* group(FSDPModule& unit) { return unit.state_->param_group(); }
-  static at::Device compute_device(const FSDPModule& unit) { return unit.state_->compute_device(); }
-};
-}  // namespace detail
-
 namespace {
-
-using detail::FSDPParamGroup;
 
 // A module of the user's model under the name it has without fsdpp's wrappers, so that the
 // seed, and with it the values, do not depend on the wrapping; and the device its tensors are
@@ -54,7 +41,7 @@ struct NamedModule {
 };
 
 void walk(torch::nn::Module& m, const std::string& name, at::Device home, std::vector<NamedModule>& out) {
-  if (const auto* unit = dynamic_cast<const FSDPModule*>(&m)) home = detail::UnitMaterialization::compute_device(*unit);
+  if (const auto* unit = dynamic_cast<const FSDPModule*>(&m)) home = unit->compute_device();
   out.push_back({name, &m, home});
   for (const auto& child : m.named_children()) {
     const bool wrapper_child = child.key() == "_fsdp_wrapped_module" || child.key() == "_checkpoint_wrapped_module";
@@ -79,12 +66,11 @@ std::vector<std::pair<std::string, at::Tensor>> own_tensors(const torch::nn::Mod
 }
 
 // Each parameter of a unit still waiting for its values, and its unit.
-std::unordered_map<const c10::TensorImpl*, FSDPParamGroup*> deferred_unit_params(const std::vector<NamedModule>& modules) {
-  std::unordered_map<const c10::TensorImpl*, FSDPParamGroup*> out;
+std::unordered_map<const c10::TensorImpl*, FSDPModule*> deferred_unit_params(const std::vector<NamedModule>& modules) {
+  std::unordered_map<const c10::TensorImpl*, FSDPModule*> out;
   for (const auto& nm : modules)
-    if (auto* unit = dynamic_cast<FSDPModule*>(nm.module))
-      if (FSDPParamGroup* g = detail::UnitMaterialization::group(*unit); g && g->deferred())
-        for (const auto& p : g->fsdp_params()) out.emplace(p.param().unsafeGetTensorImpl(), g);
+    if (auto* unit = dynamic_cast<FSDPModule*>(nm.module); unit && unit->has_deferred_parameters())
+      for (const auto& p : unit->sharded_parameters()) out.emplace(p.param.unsafeGetTensorImpl(), unit);
   return out;
 }
 
@@ -92,7 +78,7 @@ std::unordered_map<const c10::TensorImpl*, FSDPParamGroup*> deferred_unit_params
 struct Pending {
   NamedModule at;
   std::vector<std::string> tensor_names;
-  FSDPParamGroup* unit = nullptr;
+  FSDPModule* unit = nullptr;
 };
 
 std::vector<Pending> pending_modules(const std::vector<NamedModule>& modules) {
@@ -207,13 +193,13 @@ void materialize_module(torch::nn::Module& model, const MaterializeOptions& opti
       if (!libtorch_reset(*p.at.module, /*apply=*/false)) throw Error(no_init_error(p));
   // Modules outside units first, then unit by unit (in the order units are first met), so that
   // one unit at a time is whole.
-  std::vector<FSDPParamGroup*> units;
+  std::vector<FSDPModule*> units;
   for (const auto& p : pending) {
     if (!p.unit) initialize(p, options);
     else if (std::find(units.begin(), units.end(), p.unit) == units.end()) units.push_back(p.unit);
   }
-  for (FSDPParamGroup* unit : units)
-    unit->materialize([&] {
+  for (FSDPModule* unit : units)
+    unit->materialize_parameters([&] {
       for (const auto& p : pending)
         if (p.unit == unit) initialize(p, options);
     });
@@ -223,8 +209,7 @@ void to_empty(torch::nn::Module& model) {
   const auto modules = modules_of(model);
   for (const auto& nm : modules) {
     allocate_meta_tensors(*nm.module, nm.home);
-    if (auto* unit = dynamic_cast<FSDPModule*>(nm.module))
-      if (FSDPParamGroup* g = detail::UnitMaterialization::group(*unit)) g->mark_materialized();
+    if (auto* unit = dynamic_cast<FSDPModule*>(nm.module)) unit->mark_parameters_materialized();
   }
 }
 
