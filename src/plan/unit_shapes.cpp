@@ -1,8 +1,8 @@
 #include "plan/unit_shapes.h"
 
-#include <algorithm>
-
 #include <fsdpp/error.h>
+
+#include "tensor/local_shard.h"
 
 namespace fsdpp::plan::detail {
 namespace {
@@ -51,10 +51,10 @@ UnitPlan shard_unit(const std::string& name, const std::vector<ParamShape>& para
   UnitPlan u;
   u.name = name;
   for (const auto& p : params) {
-    const int64_t chunk = (p.dim0 + n - 1) / n;
+    const auto part = fsdpp::detail::local_shard_size_and_offset(p.dim0, n, rank);
     u.numel += p.numel();
-    u.shard_padded_numel += chunk * p.row_numel;
-    u.local_numel += std::clamp<int64_t>(p.dim0 - rank * chunk, 0, chunk) * p.row_numel;
+    u.shard_padded_numel += part.padded * p.row_numel;
+    u.local_numel += part.size * p.row_numel;
   }
   u.unsharded_padded_numel = u.shard_padded_numel * n;
   return u;

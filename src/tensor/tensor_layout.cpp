@@ -7,8 +7,10 @@
 #include <fsdpp/error.h>
 
 #include "common/shape_string.h"
+#include "tensor/local_shard.h"
 
 namespace fsdpp {
+using detail::local_shard_size_and_offset;
 using detail::shape_string;
 
 TensorLayout::TensorLayout(std::vector<int64_t> global_shape, Placement placement, ProcessGroup group)
@@ -19,7 +21,7 @@ TensorLayout::TensorLayout(std::vector<int64_t> global_shape, Placement placemen
     if (placement.dim() >= std::max<int64_t>(ndim, 1))
       throw Error("TensorLayout: " + placement.to_string() + " of a tensor of shape " + shape_string(global_shape_));
     extent_ = ndim == 0 ? 1 : global_shape_[placement.dim()];
-    chunk_ = (extent_ + n - 1) / n;
+    chunk_ = local_shard_size_and_offset(extent_, n, 0).padded;
   }
   for (int r = 0; r < n; ++r) {
     if (placement.is_replicate() && r > 0) break;
@@ -75,13 +77,13 @@ int64_t TensorLayout::numel() const {
 int64_t TensorLayout::local_size(int rank) const {
   if (is_blocks()) throw Error("TensorLayout: local_size of a layout given as blocks; use local_shape");
   if (placements_.front().is_replicate()) return extent_;
-  return std::max<int64_t>(0, std::min(chunk_, extent_ - rank * chunk_));
+  return local_shard_size_and_offset(extent_, group_.size(), rank).size;
 }
 
 int64_t TensorLayout::local_offset(int rank) const {
   if (is_blocks()) throw Error("TensorLayout: local_offset of a layout given as blocks; use blocks()");
   if (placements_.front().is_replicate()) return 0;
-  return std::min(rank * chunk_, extent_);
+  return local_shard_size_and_offset(extent_, group_.size(), rank).offset;
 }
 
 std::vector<int64_t> TensorLayout::local_shape(int rank) const {

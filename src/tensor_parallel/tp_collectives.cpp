@@ -13,6 +13,8 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 
+#include "tensor/local_shard.h"
+
 namespace fsdpp::detail {
 namespace {
 
@@ -37,14 +39,9 @@ void save(AutogradContext* ctx, c10::intrusive_ptr<Redistribution> r) {
 
 // torch.chunk's parts of `extent` slices over `n` ranks.
 std::vector<int64_t> chunk_sizes(int64_t extent, int n) {
-  const int64_t c = (extent + n - 1) / n;
   std::vector<int64_t> sizes;
-  for (int r = 0; r < n; ++r) sizes.push_back(std::max<int64_t>(0, std::min(c, extent - r * c)));
+  for (int r = 0; r < n; ++r) sizes.push_back(local_shard_size_and_offset(extent, n, r).size);
   return sizes;
-}
-
-int64_t offset_of(const std::vector<int64_t>& sizes, int rank) {
-  return std::accumulate(sizes.begin(), sizes.begin() + rank, int64_t{0});
 }
 
 std::string str(const std::vector<int64_t>& v) { return c10::str(c10::IntArrayRef(v)); }
@@ -76,25 +73,25 @@ at::Tensor all_gathered(const at::Tensor& x, int64_t dim, const std::vector<int6
 // The sum over ranks of `x`, each rank keeping its torch.chunk part of `dim`.
 at::Tensor reduce_scattered(const at::Tensor& x, int64_t dim, const ProcessGroup& group) {
   const int n = group.size(), rank = group.rank();
-  const std::vector<int64_t> sizes = chunk_sizes(x.size(dim), n);
   if (n == 1) return x.contiguous().clone();
-  const int64_t chunk = sizes[0];
+  const int64_t extent = x.size(dim), chunk = local_shard_size_and_offset(extent, n, 0).padded;
   const at::Tensor front = x.movedim(dim, 0);
   std::vector<int64_t> shape = front.sizes().vec();
   shape[0] = chunk * n;
   at::Tensor input = at::zeros(shape, x.options());
-  for (int r = 0; r < n; ++r)
-    input.narrow(0, r * chunk, sizes[r]).copy_(front.narrow(0, offset_of(sizes, r), sizes[r]));
+  for (int r = 0; r < n; ++r) {
+    const LocalShard part = local_shard_size_and_offset(extent, n, r);
+    input.narrow(0, r * chunk, part.size).copy_(front.narrow(0, part.offset, part.size));
+  }
   shape[0] = chunk;
   at::Tensor out = at::empty(shape, x.options());
   if (out.numel() > 0) reduce_scatter_tensor(out, input, ReduceOp::SUM, group);
-  return out.narrow(0, 0, sizes[rank]).movedim(0, dim).contiguous();
+  return out.narrow(0, 0, local_shard_size_and_offset(extent, n, rank).size).movedim(0, dim).contiguous();
 }
 
 at::Tensor own_part(const at::Tensor& x, int64_t dim, const ProcessGroup& group) {
-  const std::vector<int64_t> sizes = chunk_sizes(x.size(dim), group.size());
-  const int rank = group.rank();
-  return x.narrow(dim, offset_of(sizes, rank), sizes[rank]).contiguous().clone();
+  const LocalShard part = local_shard_size_and_offset(x.size(dim), group.size(), group.rank());
+  return x.narrow(dim, part.offset, part.size).contiguous().clone();
 }
 
 // Every rank's part of `dim`: torch.chunk's parts of `extent`, or, when unknown (-1), the sizes
