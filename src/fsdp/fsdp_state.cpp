@@ -15,6 +15,7 @@
 #include <fsdpp/memory.h>
 
 #include "comm/metadata_collectives.h"
+#include "fsdp/prefetch_within_bound.h"
 #include "memory/peak_since_mark.h"
 
 namespace fsdpp {
@@ -244,7 +245,6 @@ void FSDPState::close_measurement_window(FSDPRootContext& context) {
   if (auto s = context.measuring.lock()) {
     s->window_peak_ =
         detail::peak_bytes_since_mark() - (gradient_shard_bytes(context) - context.gradient_shard_bytes_at_start);
-    context.backward_peak = std::max(context.backward_peak, s->window_peak_);
   }
   context.measuring.reset();
 }
@@ -265,30 +265,27 @@ void FSDPState::prefetch_for_backward() {
 
 void FSDPState::decide_backward_prefetch(FSDPRootContext& context,
                                          const std::vector<std::shared_ptr<FSDPState>>& states) {
-  int64_t largest_unit = 0;
-  for (const auto& s : states)
-    if (s->param_group_) largest_unit = std::max(largest_unit, s->param_group_->unsharded_compute_bytes());
-  const int64_t bound = std::max(context.backward_peak, context.live_bytes_after_forward + 2 * largest_unit);
-  std::unordered_map<const FSDPState*, size_t> index;
-  for (size_t i = 0; i < states.size(); ++i) index[states[i].get()] = i;
-  std::vector<int32_t> fits(states.size(), 0);
-  std::unordered_map<const FSDPState*, int64_t> held_over;  // a reduce-scatter's buffers in its window
-  for (const auto& w : context.measured_order) {
-    const auto s = w.lock();
-    const auto target = s ? s->backward_prefetch_target_.lock() : nullptr;
-    if (!s || !index.count(s.get()) || !s->prefetches_within_bound() || s->window_peak_ < 0 || !target ||
-        !target->param_group_)
-      continue;
-    // The reduce-scatter's input and output.
-    const int64_t reduce_input =
-        s->param_group_ ? s->param_group_->unsharded_reduce_bytes() * (s->process_group_.size() + 1) / s->process_group_.size() : 0;
-    const bool fits_here = s->window_peak_ + held_over[s.get()] + target->param_group_->unsharded_compute_bytes() <= bound;
-    const bool fits_there = target->window_peak_ < 0 || target->window_peak_ + reduce_input <= bound;
-    if (fits_here && fits_there) {
-      fits[index[s.get()]] = 1;
-      held_over[target.get()] = reduce_input;
+  std::unordered_map<const FSDPState*, int> index;
+  for (size_t i = 0; i < states.size(); ++i) index[states[i].get()] = static_cast<int>(i);
+  BackwardWindows windows;
+  windows.live_after_forward = context.live_bytes_after_forward;
+  std::vector<PrefetchUnit> units(states.size());
+  for (size_t i = 0; i < states.size(); ++i) {
+    const FSDPState& s = *states[i];
+    windows.peak.push_back(s.window_peak_);
+    if (s.param_group_) {
+      units[i].gathered = s.param_group_->unsharded_compute_bytes();
+      units[i].reduce_input = s.param_group_->unsharded_reduce_bytes();
+      units[i].shard_group = s.process_group_.size();
     }
+    const auto target = s.backward_prefetch_target_.lock();
+    if (s.prefetches_within_bound() && target && target->param_group_ && index.count(target.get()))
+      units[i].target = index[target.get()];
   }
+  for (const auto& w : context.measured_order)
+    if (const auto s = w.lock(); s && index.count(s.get())) windows.order.push_back(index[s.get()]);
+  const std::vector<bool> prefetches = decide_prefetch_within_bound(windows, units);
+  const std::vector<int32_t> fits(prefetches.begin(), prefetches.end());
   // Ranks measure different bytes; a prefetch issued on one rank and not on another would put
   // their collectives in different orders.
   const FSDPState& root = *states.front();

@@ -30,12 +30,11 @@ struct FSDPRootContext {
   bool final_callback_queued = false;
   // BACKWARD_PRE_WITHIN_BOUND. Until the first backward's end has turned its measurements into
   // each unit's decision: the tensor bytes alive when the root's last training forward ended,
-  // the unit whose measurement window is open, and the highest peak of a window.
+  // and the unit whose measurement window is open.
   bool backward_prefetch_decided = false;
   int64_t live_bytes_after_forward = 0;
   std::weak_ptr<FSDPState> measuring;
   std::vector<std::weak_ptr<FSDPState>> measured_order;  // the windows, in backward's order
-  int64_t backward_peak = 0;
   // Gradient shards alive when the first window opened: those the measured backward creates
   // (none existed before the first step, or zero_grad dropped them) are taken out of its windows,
   // so the decision also holds when a later step finds every shard already there (zeroed in place).
@@ -122,13 +121,9 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   static void close_measurement_window(FSDPRootContext& context);
   // Bytes of the `.grad` of the tree's sharded parameters (not of a unit computing unsharded).
   static int64_t gradient_shard_bytes(const FSDPRootContext& context);
-  // After it, in backward's order: a unit prefetches if its window's peak (plus the previous
-  // unit's reduce-scatter input, when that unit prefetched this one) plus the prefetched unit
-  // stays within the larger of the backward's peak and live_bytes_after_forward + 2 x the
-  // largest unit, and so does the prefetched unit's window plus this unit's reduce-scatter input
-  // (a prefetched gather no longer waits behind that reduce-scatter, whose input then outlives
-  // this window). The ranks of the root's groups agree on the minimum: fewer prefetches only
-  // lower the later windows, so every rank's set stays within its bound.
+  // After it, each unit's decision by fsdp/prefetch_within_bound.h's rule on those windows. The
+  // ranks of the root's groups agree on the minimum: fewer prefetches only lower the later
+  // windows, so every rank's set stays within its bound.
   static void decide_backward_prefetch(FSDPRootContext& context, const std::vector<std::shared_ptr<FSDPState>>& states);
   void queue_final_callback();
   static void final_callback(FSDPRootContext& context);

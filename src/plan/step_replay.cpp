@@ -4,6 +4,7 @@
 #include <deque>
 #include <utility>
 
+#include "fsdp/prefetch_within_bound.h"
 #include "plan/memory_timeline.h"
 
 namespace fsdpp::plan::detail {
@@ -11,14 +12,6 @@ namespace {
 
 // torch::get_rng_state() of the CPU generator (mt19937's state and the normal-sampling cache).
 constexpr int64_t kCpuRngStateBytes = 5056;
-
-// What the first backward measures for BACKWARD_PRE_WITHIN_BOUND, in the replay's bytes (above
-// the held state: the engine's absolute bytes less a constant, which its comparisons ignore).
-struct BackwardWindows {
-  std::vector<int64_t> peak;  // by unit; -1: not measured
-  std::vector<int> order;     // the units in backward order
-  int64_t live_after_root_forward = 0;
-};
 
 class StepReplay {
  public:
@@ -71,7 +64,13 @@ class StepReplay {
     kept_[ops_.back().output] = true;  // the loss, held by the caller through backward
   }
 
-  const BackwardWindows& windows() const { return windows_; }
+  // kBounded's decision from the windows this replay measured, by the engine's rule.
+  std::vector<bool> decide_within_bound() const {
+    std::vector<fsdpp::detail::PrefetchUnit> units;
+    for (int u = 0; u < static_cast<int>(units_.size()); ++u)
+      units.push_back({units_[u].gathered, units_[u].reduce_input, options_.shard_group_size, backward_prefetch_target(u)});
+    return fsdpp::detail::decide_prefetch_within_bound(windows_, units);
+  }
 
   ReplayResult run() {
     forward();
@@ -208,7 +207,7 @@ class StepReplay {
   }
   void post_forward(int u) {
     if (u != 0 && options_.reshard_after_forward) reshard(u);
-    if (u == 0) windows_.live_after_root_forward = timeline_.live();
+    if (u == 0) windows_.live_after_forward = timeline_.live();
     note("post-forward " + unit_name(u));
   }
 
@@ -227,10 +226,14 @@ class StepReplay {
     end_reduce_staging();  // the unit's backward computes next
   }
 
-  void prefetch_for_backward(int u) {
-    // post-forward order is block 0, ..., the last block, root: each prefetches the one before
+  // post-forward order is block 0, ..., the last block, root: each prefetches the one before
+  int backward_prefetch_target(int u) const {
     const int target = u == 0 ? n_blocks() : u - 1;
-    if (target < 1 || gathered_[target] || backward_done_[target]) return;
+    return target < 1 ? -1 : target;
+  }
+  void prefetch_for_backward(int u) {
+    const int target = backward_prefetch_target(u);
+    if (target < 0 || gathered_[target] || backward_done_[target]) return;
     switch (options_.backward_prefetch) {
       case BackwardPrefetch::kNone:
         return;
@@ -444,7 +447,9 @@ class StepReplay {
   const std::vector<UnitBytes>& units_;
   ReplayOptions options_;
   std::vector<bool> prefetch_allowed_;
-  BackwardWindows windows_;
+  // What the first backward measures, in the replay's bytes (above the held state: the engine's
+  // absolute bytes less a constant, which the rule's comparisons ignore).
+  fsdpp::detail::BackwardWindows windows_;
   int measuring_ = -1;
   int64_t grad_shards_at_start_ = 0;
   MemoryTimeline timeline_;
@@ -464,33 +469,6 @@ class StepReplay {
   ReplayResult result_;
 };
 
-// decide_backward_prefetch (src/fsdp/fsdp_state.cpp) on the measured windows: in backward
-// order, a unit prefetches the next iff its window (plus the reduce-scatter input held over from
-// a unit that prefetched it) plus the next unit fits the bound, and so does the next unit's
-// window plus this unit's reduce-scatter input and output.
-std::vector<bool> decide_within_bound(const BackwardWindows& w, const std::vector<UnitBytes>& units,
-                                      int64_t shard_group) {
-  const int n_blocks = static_cast<int>(units.size()) - 1;
-  int64_t largest = 0, backward_peak = 0;
-  for (const auto& u : units) largest = std::max(largest, u.gathered);
-  for (int64_t p : w.peak) backward_peak = std::max(backward_peak, p);
-  const int64_t bound = std::max(backward_peak, w.live_after_root_forward + 2 * largest);
-  std::vector<bool> allowed(units.size(), false);
-  std::vector<int64_t> held_over(units.size(), 0);
-  for (int s : w.order) {
-    const int target = s == 0 ? n_blocks : s - 1;
-    if (target < 1 || w.peak[s] < 0) continue;
-    const int64_t reduce = units[s].reduce_input * (shard_group + 1) / shard_group;
-    const bool fits_here = w.peak[s] + held_over[s] + units[target].gathered <= bound;
-    const bool fits_there = w.peak[target] < 0 || w.peak[target] + reduce <= bound;
-    if (fits_here && fits_there) {
-      allowed[s] = true;
-      held_over[target] = reduce;
-    }
-  }
-  return allowed;
-}
-
 }  // namespace
 
 ReplayResult replay_step(const Tape& tape, const std::vector<UnitBytes>& units, const ReplayOptions& options) {
@@ -502,7 +480,7 @@ ReplayResult replay_step(const Tape& tape, const std::vector<UnitBytes>& units, 
     first.comm_thread_late = false;
     StepReplay measured(tape, units, first);
     measured.run();
-    allowed = decide_within_bound(measured.windows(), units, options.shard_group_size);
+    allowed = measured.decide_within_bound();
   }
   ReplayOptions benign = options, slow = options;
   benign.comm_thread_late = false;
