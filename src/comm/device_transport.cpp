@@ -104,13 +104,17 @@ void run_device_all_gather_into_layout(const ProcessGroupImpl& g, const at::Tens
                                        const GatherLayout& layout) {
   const at::Tensor gathered = at::empty({output.numel()}, input.options());
   run_device_all_gather(g, gathered, input);
-  // One strided copy per piece: rank v's run of it goes to output_offset + v * numel.
+  // One strided copy per piece: rank v's run of it goes to GatherLayout::rank_output_offset(piece, v).
   on_stream(output, [gathered, out = kernel_argument(output.reshape({-1})), layout] {
     const at::Tensor by_rank = gathered.view({layout.ranks, layout.block_numel});
-    for (const auto& piece : layout.pieces)
-      out.narrow(0, piece.output_offset, layout.ranks * piece.numel)
-          .view({layout.ranks, piece.numel})
+    for (const auto& piece : layout.pieces) {
+      const int64_t first = GatherLayout::rank_output_offset(piece, 0);
+      const int64_t stride = GatherLayout::rank_output_offset(piece, 1) - first;
+      out.narrow(0, first, layout.ranks * stride)
+          .view({layout.ranks, stride})
+          .narrow(1, 0, piece.numel)
           .copy_(by_rank.narrow(1, piece.input_offset, piece.numel));
+    }
   });
 }
 

@@ -19,7 +19,7 @@ void GatherLayout::place(void* output, int member, int64_t first, int64_t count,
                        1;
     const int64_t into = within - piece->input_offset;
     const int64_t n = std::min(count, piece->numel - into);
-    std::memcpy(out + (piece->output_offset + rank * piece->numel + into) * es, in, static_cast<size_t>(n * es));
+    std::memcpy(out + (rank_output_offset(*piece, rank) + into) * es, in, static_cast<size_t>(n * es));
     first += n;
     in += n * es;
     count -= n;

@@ -9,11 +9,17 @@
 namespace fsdpp::detail {
 
 struct GatherLayout {
-  // A run of `numel` elements at `input_offset` of a rank's block; rank v's copy of it goes to
-  // output_offset + v * numel (FSDP: a parameter's padded chunk, its rows among all ranks').
+  // A run of `numel` elements at `input_offset` of a rank's block; each rank's copy of it goes
+  // where rank_output_offset says (FSDP: a parameter's padded chunk, its rows among all ranks').
   struct Piece {
     int64_t input_offset, numel, output_offset;
   };
+  // The placement rule, for the host's copies and the device's alike: rank v's copy of `piece`
+  // starts at output_offset + v * numel, the ranks' copies side by side in rank order. (Affine in
+  // v, so a device places a piece for every rank with one strided copy.)
+  static int64_t rank_output_offset(const Piece& piece, int64_t rank) {
+    return piece.output_offset + rank * piece.numel;
+  }
   std::vector<Piece> pieces;  // in input order, covering [0, block_numel) without gaps
   int64_t block_numel = 0;
   // A member's input is this many consecutive ranks' blocks (FSDP's k-way post-forward shard:
