@@ -21,7 +21,9 @@
 #include <fsdpp/collectives.h>
 #include <fsdpp/error.h>
 
+#include "comm/chained_collectives.h"
 #include "comm/device_handoff.h"
+#include "comm/gather_layout.h"
 #include "comm/nccl_contract_backend.h"
 #include "comm/process_group_impl.h"
 #include "compat/c10d_tensor_collectives.h"
@@ -104,6 +106,27 @@ TEST_P(NcclContract, EveryCollectiveAndDtype) {
     at::Tensor flags = at::zeros({n * 3}, at::kBool);
     all_gather_into_tensor(flags, at::full({3}, r % 2 == 1, at::kBool));
     for (int q = 0; q < n; ++q) EXPECT_EQ(flags[q * 3].item<bool>(), q % 2 == 1) << "bool all_gather block " << q;
+  }, over_contract());
+}
+
+// FSDP's gather into its parameter-major layout, placed on the device path (one strided copy per
+// parameter, by GatherLayout::rank_output_offset as the host's copies): padded chunks of 3, 0
+// and 2 elements; rank q's block holds 100 q + 10 i + j (parameter i's element j).
+TEST_P(NcclContract, AllGatherIntoLayoutPlacesEachRanksChunksWithTheParameter) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    delay_every_collective();
+    const int n = ctx.world_size;
+    auto layout = std::make_shared<detail::GatherLayout>();
+    layout->block_numel = 5;
+    layout->ranks = n;
+    layout->pieces = {{0, 3, 0}, {3, 0, 3 * n}, {3, 2, 3 * n}};
+    const auto block = [](int64_t q) { return at::tensor(std::vector<int64_t>{0, 1, 2, 20, 21}) + 100 * q; };
+    at::Tensor output = at::zeros({5 * n}, at::kLong);
+    detail::all_gather_into_layout(output, block(ctx.rank), layout, ctx.world, {}).wait();
+    std::vector<at::Tensor> expected;  // parameter 0's chunks of every rank, then parameter 2's
+    for (int q = 0; q < n; ++q) expected.push_back(block(q).narrow(0, 0, 3));
+    for (int q = 0; q < n; ++q) expected.push_back(block(q).narrow(0, 3, 2));
+    EXPECT_TRUE(at::equal(output, at::cat(expected))) << output;
   }, over_contract());
 }
 
