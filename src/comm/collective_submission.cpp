@@ -86,16 +86,32 @@ void reporting_hangs(const ProcessGroupImpl& g, int64_t seq, const std::string& 
   }
 }
 
+// Counts into CommDebugMode what a collective known only at its end sent, when its run ends
+// (failed or not).
+class CountAtEnd {
+ public:
+  CountAtEnd(CollectiveKind kind, const std::function<int64_t()>& bytes) : kind_(kind), bytes_(bytes) {}
+  ~CountAtEnd() {
+    if (bytes_) CommDebugMode::record(collective_name(kind_), bytes_());
+  }
+  CountAtEnd(const CountAtEnd&) = delete;
+  CountAtEnd& operator=(const CountAtEnd&) = delete;
+
+ private:
+  CollectiveKind kind_;
+  const std::function<int64_t()>& bytes_;
+};
+
 }  // namespace
 
 // Numbering and counting happen in the caller's thread, so they follow issue order.
-Work submit(const ProcessGroupImpl& g, CollectiveKind kind, CollectiveIntent intent, int64_t bytes_sent,
+Work submit(const ProcessGroupImpl& g, CollectiveKind kind, CollectiveIntent intent, SentBytes sent,
             const std::string& what, bool async_op, std::function<void()> run, Work after,
             DeviceHandoff handoff) {
   const int64_t seq = g.next_seq++;
   intent.fields[CollectiveIntent::kKind] = kind;
   intent.fields[CollectiveIntent::kSeq] = seq;
-  if (bytes_sent >= 0) CommDebugMode::record(collective_name(kind), bytes_sent);
+  if (sent.issued >= 0) CommDebugMode::record(collective_name(kind), sent.issued);
   std::string description =
       std::string(collective_name(kind)) + "(" + what + ") #" + std::to_string(seq) + " on " + g.where();
   // A fake group has nobody to disagree with (and its exchange would bring nothing back).
@@ -104,8 +120,8 @@ Work submit(const ProcessGroupImpl& g, CollectiveKind kind, CollectiveIntent int
   std::string trace_name = std::string(collective_name(kind)) + " #" + std::to_string(seq) + " " + g.name;
   auto issued = profiler::detail::recording() ? trace_issue(trace_name, description) : TraceIssue{};
   std::shared_ptr<DeviceCompletion> device = handoff.completion();
-  auto launch = [&g, check_here = check && !on_issue, on_issue, seq, description, intent, run = std::move(run),
-                 trace_name, issued, bytes_sent, after = std::move(after), handoff = std::move(handoff)] {
+  auto launch = [&g, kind, check_here = check && !on_issue, on_issue, seq, description, intent, run = std::move(run),
+                 trace_name, issued, sent = std::move(sent), after = std::move(after), handoff = std::move(handoff)] {
     // Within the handoff, so that waiting for `after` orders this collective's stream after it.
     handoff.run([&] {
       try {
@@ -113,10 +129,13 @@ Work submit(const ProcessGroupImpl& g, CollectiveKind kind, CollectiveIntent int
       } catch (const std::exception& e) {
         throw Error(description + " not run: " + message_without_backtrace(e));
       }
-      TraceRun traced(g, trace_name, description, issued, bytes_sent, /*on_comm_thread=*/!on_issue);
+      TraceRun traced(g, trace_name, description, issued, sent.issued, /*on_comm_thread=*/!on_issue);
       reporting_hangs(g, seq, description, [&] {
         if (check_here) check_intent(g, intent);
-        run();
+        {
+          CountAtEnd count(kind, sent.ended);
+          run();
+        }
         handoff.queued();
       });
     });

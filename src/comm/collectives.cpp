@@ -1,7 +1,7 @@
 // The public collectives of include/fsdpp/collectives.h and the chained ones of
 // comm/chained_collectives.h: each validates its tensors (errors name the collective, the
 // shapes and the group), says what it intends for the cross-rank check (comm/collective_intent.h)
-// and what it will send for CommDebugMode, and submits its algorithm
+// and what it will send for CommDebugMode (comm/wire_bytes.h), and submits its algorithm
 // (comm/collective_algorithms.h) to the group's comm thread (comm/collective_submission.h).
 #include <fsdpp/collectives.h>
 
@@ -10,7 +10,6 @@
 
 #include <ATen/ATen.h>
 
-#include <fsdpp/comm_debug_mode.h>
 #include <fsdpp/error.h>
 
 #include "comm/chained_collectives.h"
@@ -103,19 +102,15 @@ Work all_reduce_impl(const at::Tensor& tensor, ReduceOp op, const ProcessGroup& 
   require_tensor(tensor, "all_reduce", "input");
   require_op_for(op, tensor.scalar_type(), "all_reduce");
   CollectiveIntent intent = intent_of(tensor.scalar_type(), tensor.numel(), -1, static_cast<int64_t>(op));
-  const int n = g.size();
-  const int64_t bytes = tensor.numel() * tensor.element_size();
-  const bool native = detail::gloo_can_reduce(tensor.scalar_type());
-  const int64_t chunk_bytes = (tensor.numel() + n - 1) / n * tensor.element_size();
-  int64_t wire = native ? detail::ring_all_reduce_bytes(bytes, tensor.element_size(), g.rank, n)
-                        : 2 * (n - 1) * chunk_bytes;
-  if (n == 1) wire = 0;
-  if (!counted) wire = -1;  // (submit counts none; run does not either)
+  const auto sent = counted ? detail::SentBytes::at_issue(detail::all_reduce_wire_bytes(
+                                  tensor.numel(), tensor.element_size(), detail::gloo_can_reduce(tensor.scalar_type()),
+                                  g.rank, g.size()))
+                            : detail::SentBytes::uncounted();
   auto run = [&g, tensor, op, prepare = std::move(prepare)] {
     if (prepare) prepare();
     detail::run_all_reduce(g, tensor, op);
   };
-  return submit(g, detail::kAllReduce, intent, wire, shape_of(tensor) + ", " + to_string(op), async_op, std::move(run),
+  return submit(g, detail::kAllReduce, intent, sent, shape_of(tensor) + ", " + to_string(op), async_op, std::move(run),
                 std::move(after), detail::DeviceHandoff::at_issue(g, detail::kAllReduce, {tensor}, stream));
 }
 
@@ -144,8 +139,8 @@ Work broadcast(const at::Tensor& tensor, int src, const ProcessGroup& group, boo
   const int root = group_root(group, src);
   CollectiveIntent intent = intent_of(tensor.scalar_type(), tensor.numel());
   intent.fields[CollectiveIntent::kRoot] = src;
-  const int64_t bytes = detail::tree_broadcast_sends(g.rank, root, g.size()) * tensor.numel() * tensor.element_size();
-  return submit(g, detail::kBroadcast, intent, bytes, shape_of(tensor) + ", src " + std::to_string(src), async_op,
+  const int64_t bytes = detail::broadcast_wire_bytes(tensor.numel() * tensor.element_size(), g.rank, root, g.size());
+  return submit(g, detail::kBroadcast, intent, detail::SentBytes::at_issue(bytes), shape_of(tensor) + ", src " + std::to_string(src), async_op,
                 [&g, tensor, root] { detail::run_broadcast(g, tensor, root); }, Work(),
                 detail::DeviceHandoff::at_issue(g, detail::kBroadcast, {tensor}));
 }
@@ -164,8 +159,8 @@ Work all_gather_into_tensor_impl(const at::Tensor& output, const at::Tensor& inp
   require_same_device(output, input, name);
   require_group_times(g, output, "output", input, "input", name);
   CollectiveIntent intent = intent_of(input.scalar_type(), input.numel(), output.numel());
-  const int64_t bytes = (g.size() - 1) * input.numel() * input.element_size();
-  return submit(g, detail::kAllGather, intent, bytes, "output " + shape_of(output) + ", input " + shape_of(input), async_op,
+  const int64_t bytes = detail::all_gather_wire_bytes(input.numel() * input.element_size(), g.size());
+  return submit(g, detail::kAllGather, intent, detail::SentBytes::at_issue(bytes), "output " + shape_of(output) + ", input " + shape_of(input), async_op,
                 [&g, output, input, prepare = std::move(prepare), layout = std::move(layout)] {
                   if (prepare) prepare();
                   if (layout)
@@ -213,8 +208,8 @@ Work reduce_scatter_tensor_impl(const at::Tensor& output, const at::Tensor& inpu
   require_same_device(output, input, name);
   require_group_times(g, input, "input", output, "output", name);
   CollectiveIntent intent = intent_of(input.scalar_type(), input.numel(), output.numel(), static_cast<int64_t>(op));
-  const int64_t bytes = (g.size() - 1) * output.numel() * output.element_size();
-  return submit(g, detail::kReduceScatter, intent, bytes,
+  const int64_t bytes = detail::reduce_scatter_wire_bytes(output.numel() * output.element_size(), g.size());
+  return submit(g, detail::kReduceScatter, intent, detail::SentBytes::at_issue(bytes),
                 "output " + shape_of(output) + ", input " + shape_of(input) + ", " + to_string(op), async_op,
                 [&g, output, input, op, done = std::move(done)] {
                   detail::run_reduce_scatter(g, output, input, op);
@@ -272,10 +267,8 @@ Work all_to_all_single(const at::Tensor& output, const at::Tensor& input, const 
   intent.fields[CollectiveIntent::kExtra] = 2 * n;
   intent.extra = in_elems;
   intent.extra.insert(intent.extra.end(), out_elems.begin(), out_elems.end());
-  int64_t bytes = 0;
-  for (int j = 0; j < n; ++j)
-    if (j != g.rank) bytes += in_elems[j] * input.element_size();
-  return submit(g, detail::kAllToAll, intent, bytes, "output " + shape_of(output) + ", input " + shape_of(input), async_op,
+  const int64_t bytes = detail::all_to_all_wire_bytes(in_elems, input.element_size(), g.rank);
+  return submit(g, detail::kAllToAll, intent, detail::SentBytes::at_issue(bytes), "output " + shape_of(output) + ", input " + shape_of(input), async_op,
                 [&g, output, input, out_elems, in_elems] {
                   detail::run_all_to_all(g, output, input, out_elems, in_elems);
                 }, Work(), detail::DeviceHandoff::at_issue(g, detail::kAllToAll, {input, output}));
@@ -283,7 +276,7 @@ Work all_to_all_single(const at::Tensor& output, const at::Tensor& input, const 
 
 Work barrier(const ProcessGroup& group, bool async_op) {
   const auto& g = detail::member_group(group, "barrier");
-  return submit(g, detail::kBarrier, CollectiveIntent{}, 0, "", async_op, [&g] { detail::run_barrier(g); });
+  return submit(g, detail::kBarrier, CollectiveIntent{}, detail::SentBytes::at_issue(0), "", async_op, [&g] { detail::run_barrier(g); });
 }
 
 Work broadcast_bytes(std::string& bytes, int src, const ProcessGroup& group, bool async_op) {
@@ -292,17 +285,11 @@ Work broadcast_bytes(std::string& bytes, int src, const ProcessGroup& group, boo
   CollectiveIntent intent;
   intent.fields[CollectiveIntent::kRoot] = src;
   // Only the root knows the size before the exchange, so this one is counted when it ends.
-  return submit(g, detail::kBroadcastBytes, intent, -1, "src " + std::to_string(src), async_op,
-                [&g, &bytes, root] {
-                  struct Count {
-                    const ProcessGroupImpl& g; const std::string& bytes; int root;
-                    ~Count() {
-                      const int64_t sends = detail::tree_broadcast_sends(g.rank, root, g.size());
-                      CommDebugMode::record(detail::collective_name(detail::kBroadcastBytes), sends * (8 + static_cast<int64_t>(bytes.size())));
-                    }
-                  } count{g, bytes, root};
-                  detail::run_broadcast_bytes(g, bytes, root);
-                });
+  auto sent = detail::SentBytes::at_end([&g, &bytes, root] {
+    return detail::broadcast_string_wire_bytes(static_cast<int64_t>(bytes.size()), g.rank, root, g.size());
+  });
+  return submit(g, detail::kBroadcastBytes, intent, std::move(sent), "src " + std::to_string(src), async_op,
+                [&g, &bytes, root] { detail::run_broadcast_bytes(g, bytes, root); });
 }
 
 }  // namespace fsdpp

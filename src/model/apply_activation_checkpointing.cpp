@@ -1,12 +1,10 @@
-#include <unordered_map>
-
 #include <fsdpp/activation_checkpointing.h>
 #include <fsdpp/fully_shard.h>
-#include <fsdpp/tensor_parallel.h>
 #include <fsdpp/wrap_policy.h>
 
 #include "activation_checkpointing/any_checkpoint_wrapper.h"
 #include "activation_checkpointing/checkpointed_any_call.h"
+#include "model/parameter_placement.h"
 #include "nn/replace_modules.h"
 
 namespace fsdpp {
@@ -24,27 +22,12 @@ torch::nn::AnyValue AnyCheckpointWrapperImpl::forward(std::vector<torch::nn::Any
 
 namespace {
 
-// Each parameter's global element count, by TensorImpl: an FSDP-sharded one's unsharded size, a
-// tensor-parallel one's size across the TP group (which also covers a 2-D one). The policy sees
-// these, so every rank selects the same modules (a rank's own part differs with uneven splits,
-// and a checkpoint on some ranks only would recompute collectives on those ranks only).
-using GlobalNumels = std::unordered_map<const c10::TensorImpl*, int64_t>;
-
-GlobalNumels global_numels(torch::nn::Module& model) {
-  GlobalNumels global;
-  for (const auto& m : model.modules(/*include_self=*/true))
-    if (auto* unit = dynamic_cast<FSDPModule*>(m.get()))
-      for (const auto& p : unit->sharded_parameters()) global[p.param.unsafeGetTensorImpl()] = p.layout.numel();
-  for (const auto& p : tensor_parallel_parameters(model)) global[p.param.unsafeGetTensorImpl()] = p.layout.numel();
-  return global;
-}
-
-int64_t policy_numel(const torch::nn::Module& module, const GlobalNumels& global) {
+// The policy sees each parameter's global element count (detail::global_numel), so every rank
+// selects the same modules (a rank's own part differs with uneven splits, and a checkpoint on
+// some ranks only would recompute collectives on those ranks only).
+int64_t policy_numel(const torch::nn::Module& module, const detail::ParameterPlacements& placements) {
   int64_t numel = 0;
-  for (const auto& p : module.parameters()) {
-    auto it = global.find(p.unsafeGetTensorImpl());
-    numel += it == global.end() ? p.numel() : it->second;
-  }
+  for (const auto& p : module.parameters()) numel += detail::global_numel(p, placements);
   return numel;
 }
 
@@ -55,12 +38,12 @@ int apply_activation_checkpointing(torch::nn::Module& model, const std::shared_p
   auto is_wrapper = [](const torch::nn::Module& m) {
     return m.named_children().contains("_checkpoint_wrapped_module");
   };
-  const GlobalNumels global = global_numels(model);
+  const detail::ParameterPlacements placements = detail::parameter_placements(model);
   detail::ModuleReplacement r;
   r.descend = [&](const torch::nn::Module& m) { return !is_wrapper(m); };
   r.selects = [&](const std::shared_ptr<torch::nn::Module>& m) {
     if (is_wrapper(*m) || dynamic_cast<FSDPModule*>(m.get())) return false;
-    return policy->should_wrap(*m, policy_numel(*m, global));
+    return policy->should_wrap(*m, policy_numel(*m, placements));
   };
   // A unit's wrapped module is called by the unit, not by a container, so it cannot be
   // replaced: the unit checkpoints its call instead (inside its gather, as FSDP(wrapper(m))).
@@ -68,7 +51,7 @@ int apply_activation_checkpointing(torch::nn::Module& model, const std::shared_p
   auto checkpoint_unit = [&](torch::nn::Module& m) {
     auto* unit = dynamic_cast<FSDPModule*>(&m);
     if (!unit || unit->checkpoints_wrapped_module() || is_wrapper(*unit->wrapped_module())) return;
-    if (!policy->should_wrap(*unit->wrapped_module(), policy_numel(*unit->wrapped_module(), global))) return;
+    if (!policy->should_wrap(*unit->wrapped_module(), policy_numel(*unit->wrapped_module(), placements))) return;
     unit->set_checkpoint_wrapped_module(true);
     ++units;
   };

@@ -15,7 +15,6 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <optional>
 #include <sstream>
 #include <string>
 #include <unordered_set>
@@ -87,56 +86,69 @@ std::string format_norm_type(double p) {
   return out.str();
 }
 
-}  // namespace
-
-at::Tensor clip_grad_norm_(torch::nn::Module& module, double max_norm, double norm_type, bool error_if_nonfinite) {
-  const bool inf_norm = std::isinf(norm_type);
+// PyTorch's argument checks.
+void check_arguments(double max_norm, double norm_type) {
   if (std::isnan(norm_type) || norm_type <= 0)  // -inf too
     throw Error("clip_grad_norm_: norm_type must be positive or infinity, got " + format_norm_type(norm_type));
   if (std::isnan(max_norm))
     throw Error("clip_grad_norm_: max_norm is NaN");
+}
 
-  std::optional<ModelLayout> layout;
+ModelLayout layout_of(torch::nn::Module& module) {
   try {
-    layout.emplace(module);
+    return ModelLayout(module);
   } catch (const Error& e) {
     throw Error("clip_grad_norm_: " + detail::without_prefix(e.what()));
   }
-  const std::vector<ParamRef> params = unique_parameters(*layout);
-  // The accumulation dtype: float32 at least (as FSDP1's _get_grad_norm), float64 if any
-  // parameter is float64. Decided from the parameters, not the gradients, so that every rank
-  // agrees whichever gradients it holds.
+}
+
+// The accumulation dtype: float32 at least (as FSDP1's _get_grad_norm), float64 if any
+// parameter is float64. Decided from the parameters, not the gradients, so that every rank
+// agrees whichever gradients it holds.
+at::ScalarType norm_dtype(const std::vector<ParamRef>& params) {
   at::ScalarType dtype = at::kFloat;
   for (const auto& p : params)
     if (at::isFloatingType(p.param.scalar_type())) dtype = c10::promoteTypes(dtype, p.param.scalar_type());
-  const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().param.device();
+  return dtype;
+}
 
-  // The group over which each partitioned gradient's parts lie (its layout's): a unit's shard
-  // group; a tensor-parallel Shard's TP group; both (2-D FSDP x TP): the group of the dp x tp
-  // mesh's ranks (under HSDP, of one replica's shard x tp ranks, as 1-D HSDP sums over the shard
-  // group only). A TP Replicate gradient is the same on its TP ranks, as any replicated one.
+// This rank's parts of the norm: one per group a partitioned gradient's parts lie over (its
+// layout's): a unit's shard group; a tensor-parallel Shard's TP group; both (2-D FSDP x TP): the
+// group of the dp x tp mesh's ranks (under HSDP, of one replica's shard x tp ranks, as 1-D HSDP
+// sums over the shard group only); and one of the gradients held whole (a TP Replicate gradient
+// is the same on its TP ranks, as any replicated one). With the gradients, to scale.
+struct LocalParts {
   std::map<std::vector<int>, ProcessGroup> groups;  // by global ranks: one order on every rank
-  for (const auto& p : params)
-    if (p.layout) groups.emplace(p.layout->process_group().ranks(), p.layout->process_group());
-
-  std::map<std::vector<int>, NormAccumulator> sharded_parts;
-  for (const auto& [ranks, group] : groups) sharded_parts.emplace(ranks, NormAccumulator(norm_type, dtype, device));
-  NormAccumulator local_part(norm_type, dtype, device);
+  std::map<std::vector<int>, NormAccumulator> sharded;
+  NormAccumulator whole;
   std::vector<at::Tensor> grads;
+};
+
+LocalParts local_parts(const std::vector<ParamRef>& params, double norm_type) {
+  const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().param.device();
+  const at::ScalarType dtype = norm_dtype(params);
+  LocalParts parts{{}, {}, NormAccumulator(norm_type, dtype, device), {}};
+  for (const auto& p : params)
+    if (p.layout) parts.groups.emplace(p.layout->process_group().ranks(), p.layout->process_group());
+  for (const auto& [ranks, group] : parts.groups) parts.sharded.emplace(ranks, NormAccumulator(norm_type, dtype, device));
   for (const auto& p : params) {
     const at::Tensor& grad = p.param.grad();
     if (!grad.defined()) continue;
-    grads.push_back(grad);
-    (p.layout ? sharded_parts.at(p.layout->process_group().ranks()) : local_part).add(grad);
+    parts.grads.push_back(grad);
+    (p.layout ? parts.sharded.at(p.layout->process_group().ranks()) : parts.whole).add(grad);
   }
+  return parts;
+}
 
-  // Reduce each shard group's part over the group, in the same (sorted) order on every rank:
-  // a rank in several groups joins them in increasing order, so no two ranks wait on each
-  // other in opposite orders. Gloo's MAX may drop a NaN, so inf-norm sends a NaN flag beside.
-  at::Tensor total = local_part.value();
-  for (auto& [ranks, part] : sharded_parts) {
+// The total norm: each shard group's part reduced over the group, in the same (sorted) order on
+// every rank: a rank in several groups joins them in increasing order, so no two ranks wait on
+// each other in opposite orders. Gloo's MAX may drop a NaN, so inf-norm sends a NaN flag beside.
+at::Tensor total_norm(const LocalParts& parts, double norm_type) {
+  const bool inf_norm = std::isinf(norm_type);
+  at::Tensor total = parts.whole.value();
+  for (const auto& [ranks, part] : parts.sharded) {
     at::Tensor value = part.value();
-    const ProcessGroup& group = groups.at(ranks);
+    const ProcessGroup& group = parts.groups.at(ranks);
     if (group.size() > 1) {
       if (inf_norm) {
         at::Tensor packed = at::stack({value.masked_fill(value.isnan(), 0.0), value.isnan().to(value.scalar_type())}).contiguous();
@@ -150,36 +162,45 @@ at::Tensor clip_grad_norm_(torch::nn::Module& module, double max_norm, double no
     }
     total = inf_norm ? at::maximum(total, value) : total + value;
   }
-  if (!inf_norm) total = total.pow(1.0 / norm_type);
+  return inf_norm ? total : total.pow(1.0 / norm_type);
+}
 
-  if (error_if_nonfinite) {
-    const double t = total.item<double>();
-    if (!std::isfinite(t)) {
-      std::string which;
-      for (const auto& p : params) {
-        const at::Tensor& grad = p.param.grad();
-        if (grad.defined() && grad.numel() > 0 && !at::isfinite(grad).all().item<bool>())
-          which += (which.empty() ? "" : ", ") + ("'" + p.name + "'");
-      }
-      std::ostringstream msg;
-      msg << "clip_grad_norm_: the total norm of order " << format_norm_type(norm_type)
-          << " of the gradients is non-finite (" << (std::isnan(t) ? "nan" : "inf") << "), so it cannot be clipped ("
-          << (which.empty() ? std::string("no gradient on this rank is non-finite: it is in another rank's shard")
-                            : "non-finite gradient on this rank: " + which)
-          << "). Set error_if_nonfinite = false to scale the gradients by it anyway";
-      throw Error(msg.str());
-    }
+// error_if_nonfinite's error, naming this rank's non-finite gradients.
+void check_finite(const at::Tensor& total, const std::vector<ParamRef>& params, double norm_type) {
+  const double t = total.item<double>();
+  if (std::isfinite(t)) return;
+  std::string which;
+  for (const auto& p : params) {
+    const at::Tensor& grad = p.param.grad();
+    if (grad.defined() && grad.numel() > 0 && !at::isfinite(grad).all().item<bool>())
+      which += (which.empty() ? "" : ", ") + ("'" + p.name + "'");
   }
+  std::ostringstream msg;
+  msg << "clip_grad_norm_: the total norm of order " << format_norm_type(norm_type)
+      << " of the gradients is non-finite (" << (std::isnan(t) ? "nan" : "inf") << "), so it cannot be clipped ("
+      << (which.empty() ? std::string("no gradient on this rank is non-finite: it is in another rank's shard")
+                        : "non-finite gradient on this rank: " + which)
+      << "). Set error_if_nonfinite = false to scale the gradients by it anyway";
+  throw Error(msg.str());
+}
+
+}  // namespace
+
+at::Tensor clip_grad_norm_(torch::nn::Module& module, double max_norm, double norm_type, bool error_if_nonfinite) {
+  check_arguments(max_norm, norm_type);
+  const ModelLayout layout = layout_of(module);  // `params` point into it
+  const std::vector<ParamRef> params = unique_parameters(layout);
+  const LocalParts parts = local_parts(params, norm_type);
+  const at::Tensor total = total_norm(parts, norm_type);
+  if (error_if_nonfinite) check_finite(total, params, norm_type);
 
   // An infinite max_norm measures only: PyTorch's coefficient would be inf / inf = nan for an
   // infinite norm, and 1 otherwise.
   if (std::isinf(max_norm) && max_norm > 0) return total;
   // PyTorch's coefficient, in the norm's dtype: max_norm / (total + 1e-6), at most 1.
   const at::Tensor clip_coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
-  {
-    at::NoGradGuard no_grad;
-    for (auto& grad : grads) grad.mul_(clip_coef.to(grad.device()));
-  }
+  at::NoGradGuard no_grad;
+  for (const auto& grad : parts.grads) grad.mul_(clip_coef.to(grad.device()));
   return total;
 }
 

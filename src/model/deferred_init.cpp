@@ -22,6 +22,7 @@
 #include <fsdpp/fully_shard.h>
 
 #include "compat/meta_device.h"
+#include "model/plain_key.h"
 
 namespace fsdpp {
 
@@ -43,10 +44,7 @@ struct NamedModule {
 void walk(torch::nn::Module& m, const std::string& name, at::Device home, std::vector<NamedModule>& out) {
   if (const auto* unit = dynamic_cast<const FSDPModule*>(&m)) home = unit->compute_device();
   out.push_back({name, &m, home});
-  for (const auto& child : m.named_children()) {
-    const bool wrapper_child = child.key() == "_fsdp_wrapped_module" || child.key() == "_checkpoint_wrapped_module";
-    walk(*child.value(), wrapper_child ? name : (name.empty() ? child.key() : name + "." + child.key()), home, out);
-  }
+  for (const auto& child : m.named_children()) walk(*child.value(), detail::plain_name(name, child.key()), home, out);
 }
 
 std::vector<NamedModule> modules_of(torch::nn::Module& model) {

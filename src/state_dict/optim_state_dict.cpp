@@ -213,6 +213,112 @@ void commit(torch::optim::Optimizer& optim, LoadPlan& plan,
   for (auto& [key, st] : states) optim.state()[key] = std::move(st);
 }
 
+// ---- get_optimizer_state_dict: look up, agree, build ------------------------------------------
+
+// One parameter of the optimizer and its state, looked up once.
+struct ParamRecord {
+  const ParamInfo* info;
+  const OptimizerParamState* st;
+  std::vector<at::Tensor> tensors;
+  int64_t step;
+  std::vector<int64_t> flags;  // sharded parameters: has a state, step, which tensors exist
+};
+using ParamRecords = std::vector<std::vector<ParamRecord>>;  // by param group, then index
+
+ParamRecords look_up_states(const torch::optim::Optimizer& optim, const OptimizerStateTraits& traits,
+                            const std::unordered_map<const c10::TensorImpl*, ParamInfo>& by_impl,
+                            const std::string& api) {
+  ParamRecords records(optim.param_groups().size());
+  for (size_t g = 0; g < optim.param_groups().size(); ++g)
+    for (size_t i = 0; i < optim.param_groups()[g].params().size(); ++i) {
+      const at::Tensor& p = optim.param_groups()[g].params()[i];
+      const OptimizerParamState* st = detail::find_param_state(optim, p);
+      ParamRecord& r = records[g].emplace_back(ParamRecord{
+          &info_of(by_impl, p, g, i, api), st, st ? traits.tensors(*st) : std::vector<at::Tensor>(traits.entries.size()),
+          st ? traits.step(*st) : 0, {}});
+      if (!r.info->entry->layout) continue;
+      r.flags = {st ? 1 : 0, r.step};
+      for (const auto& t : r.tensors) r.flags.push_back(t.defined() ? 1 : 0);
+    }
+  return records;
+}
+
+// The ranks agree, for each sharded parameter, on whether it has a state (a rank holding no
+// rows may have none), on its step and on which tensors exist, so that every rank joins the
+// same gathers after: one MAX all_reduce per process group, over all its parameters at once.
+void agree_on_flags(ParamRecords& records) {
+  struct GroupFlags {
+    const ProcessGroup* group;
+    std::vector<std::vector<int64_t>*> members;
+  };
+  std::vector<GroupFlags> groups;
+  for (auto& group_records : records)
+    for (ParamRecord& r : group_records) {
+      const ModelLayout::Entry& e = *r.info->entry;
+      if (!e.layout) continue;
+      auto it = std::find_if(groups.begin(), groups.end(),
+                             [&](const GroupFlags& f) { return &f.group->impl() == &group_of(e).impl(); });
+      if (it == groups.end()) it = groups.insert(groups.end(), GroupFlags{&group_of(e), {}});
+      it->members.push_back(&r.flags);
+    }
+  for (const GroupFlags& f : groups) {
+    if (f.group->size() == 1) continue;
+    std::vector<int64_t> all;
+    for (const auto* flags : f.members) all.insert(all.end(), flags->begin(), flags->end());
+    at::Tensor t = at::tensor(all, at::kLong);
+    all_reduce(t, ReduceOp::MAX, *f.group);
+    const int64_t* v = t.data_ptr<int64_t>();
+    for (auto* flags : f.members)
+      for (auto& flag : *flags) flag = *v++;
+  }
+}
+
+// A sharded parameter's entries (the agreed flags say which): FULL gathers each whole, SHARDED
+// keeps it a ShardedTensor; a rank without a tensor the others have joins with zeros.
+StateDict sharded_entries(const ParamRecord& r, const at::Tensor& p, const OptimizerStateTraits& traits, bool full,
+                          bool offload) {
+  const ModelLayout::Entry& e = *r.info->entry;
+  const TensorLayout& layout = *e.layout;
+  const int rank = group_of(e).rank();
+  StateDict entries;
+  if (traits.has_step) entries.insert("step", at::scalar_tensor(r.flags[1], at::kLong));
+  for (size_t j = 0; j < traits.entries.size(); ++j) {
+    if (r.flags[2 + j] == 0) continue;
+    at::Tensor local = r.tensors[j].defined() ? r.tensors[j]
+                                              : at::zeros(layout.local_shape(rank), p.options().requires_grad(false));
+    ShardedTensor sharded = layout.to_sharded_tensor(local, /*copy=*/!full);
+    if (full) {
+      at::Tensor whole = sharded.full_tensor();
+      entries.insert(traits.entries[j], offload ? whole.to(at::kCPU) : whole);
+    } else {
+      entries.insert(traits.entries[j], offload ? sharded.cpu() : sharded);
+    }
+  }
+  return entries;
+}
+
+// A parameter held whole: copies of its state's tensors.
+StateDict whole_entries(const ParamRecord& r, const OptimizerStateTraits& traits, bool offload) {
+  StateDict entries;
+  if (traits.has_step) entries.insert("step", at::scalar_tensor(r.step, at::kLong));
+  for (size_t j = 0; j < traits.entries.size(); ++j)
+    if (r.tensors[j].defined()) {
+      at::Tensor c = r.tensors[j].detach().clone();
+      entries.insert(traits.entries[j], offload ? c.to(at::kCPU) : c);
+    }
+  return entries;
+}
+
+// What a FULL dict with cpu_offload gives ranks other than 0 (PyTorch's rank0_only).
+bool rank0_only_placeholder_here() {
+  int rank = 0;
+  try {
+    rank = default_group().rank();
+  } catch (const Error&) {
+  }
+  return rank != 0;
+}
+
 }  // namespace
 
 OptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torch::optim::Optimizer& optim,
@@ -222,56 +328,9 @@ OptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torc
   const bool full = options.full_state_dict(), offload = options.cpu_offload();
   at::NoGradGuard no_grad;
   const ModelLayout layout(model);
-  auto by_impl = params_by_impl(layout);
-  const auto& names = traits.entries;
-
-  // Each parameter's state, looked up once.
-  struct ParamRecord {
-    const ParamInfo* info;
-    const OptimizerParamState* st;
-    std::vector<at::Tensor> tensors;
-    int64_t step;
-    std::vector<int64_t> flags;  // sharded parameters: has a state, step, which tensors exist
-  };
-  std::vector<std::vector<ParamRecord>> records(optim.param_groups().size());
-  // The ranks agree, for each sharded parameter, on whether it has a state (a rank holding no
-  // rows may have none), on its step and on which tensors exist, so that every rank joins the
-  // same gathers below: one MAX all_reduce per process group, over all its parameters at once.
-  {
-    struct GroupFlags {
-      const ProcessGroup* group;
-      std::vector<std::vector<int64_t>*> members;
-    };
-    std::vector<GroupFlags> groups;
-    for (size_t g = 0; g < optim.param_groups().size(); ++g) {
-      records[g].reserve(optim.param_groups()[g].params().size());  // `members` points into it
-      for (size_t i = 0; i < optim.param_groups()[g].params().size(); ++i) {
-        const at::Tensor& p = optim.param_groups()[g].params()[i];
-        const OptimizerParamState* st = detail::find_param_state(optim, p);
-        ParamRecord& r = records[g].emplace_back(ParamRecord{
-            &info_of(by_impl, p, g, i, api), st, st ? traits.tensors(*st) : std::vector<at::Tensor>(names.size()),
-            st ? traits.step(*st) : 0, {}});
-        const ModelLayout::Entry& e = *r.info->entry;
-        if (!e.layout) continue;
-        r.flags = {st ? 1 : 0, r.step};
-        for (const auto& t : r.tensors) r.flags.push_back(t.defined() ? 1 : 0);
-        auto it = std::find_if(groups.begin(), groups.end(),
-                               [&](const GroupFlags& f) { return &f.group->impl() == &group_of(e).impl(); });
-        if (it == groups.end()) it = groups.insert(groups.end(), GroupFlags{&group_of(e), {}});
-        it->members.push_back(&r.flags);
-      }
-    }
-    for (const GroupFlags& f : groups) {
-      if (f.group->size() == 1) continue;
-      std::vector<int64_t> all;
-      for (const auto* flags : f.members) all.insert(all.end(), flags->begin(), flags->end());
-      at::Tensor t = at::tensor(all, at::kLong);
-      all_reduce(t, ReduceOp::MAX, *f.group);
-      const int64_t* v = t.data_ptr<int64_t>();
-      for (auto* flags : f.members)
-        for (auto& flag : *flags) flag = *v++;
-    }
-  }
+  const auto by_impl = params_by_impl(layout);  // `records` point into it
+  ParamRecords records = look_up_states(optim, traits, by_impl, api);
+  agree_on_flags(records);
 
   OptimizerStateDict sd;
   sd.type = full ? StateDictType::FULL_STATE_DICT : StateDictType::SHARDED_STATE_DICT;
@@ -280,61 +339,21 @@ OptimizerStateDict get_optimizer_state_dict(torch::nn::Module& model, const torc
     OptimizerStateDict::ParamGroup out;
     out.options = std::shared_ptr<torch::optim::OptimizerOptions>(group.options().clone());
     for (size_t i = 0; i < group.params().size(); ++i) {
-      const at::Tensor& p = group.params()[i];
       const ParamRecord& r = records[g][i];
-      const ParamInfo& info = *r.info;
-      out.params.push_back(info.key);
-      const OptimizerParamState* st = r.st;
-      const ModelLayout::Entry& e = *info.entry;
-      const std::vector<at::Tensor>& tensors = r.tensors;
-      int64_t step = r.step;
-      if (e.layout) {
-        const std::vector<int64_t>& flags = r.flags;
-        if (flags[0] == 0) continue;
-        step = flags[1];
-        const int rank = group_of(e).rank();
-        StateDict entries;
-        if (traits.has_step) entries.insert("step", at::scalar_tensor(step, at::kLong));
-        for (size_t j = 0; j < names.size(); ++j) {
-          if (flags[2 + j] == 0) continue;
-          const TensorLayout& layout = *e.layout;
-          at::Tensor local = tensors[j].defined()
-                                 ? tensors[j]
-                                 : at::zeros(layout.local_shape(rank), p.options().requires_grad(false));
-          ShardedTensor sharded = layout.to_sharded_tensor(local, /*copy=*/!full);
-          if (full) {
-            at::Tensor whole = sharded.full_tensor();
-            entries.insert(names[j], offload ? whole.to(at::kCPU) : whole);
-          } else {
-            entries.insert(names[j], offload ? sharded.cpu() : sharded);
-          }
-        }
-        sd.state.emplace(info.key, std::move(entries));
-      } else if (st) {
-        StateDict entries;
-        if (traits.has_step) entries.insert("step", at::scalar_tensor(step, at::kLong));
-        for (size_t j = 0; j < names.size(); ++j)
-          if (tensors[j].defined()) {
-            at::Tensor c = tensors[j].detach().clone();
-            entries.insert(names[j], offload ? c.to(at::kCPU) : c);
-          }
-        sd.state.emplace(info.key, std::move(entries));
+      out.params.push_back(r.info->key);
+      if (r.info->entry->layout) {
+        if (r.flags[0] != 0) sd.state.emplace(r.info->key, sharded_entries(r, group.params()[i], traits, full, offload));
+      } else if (r.st) {
+        sd.state.emplace(r.info->key, whole_entries(r, traits, offload));
       }
     }
     sd.param_groups.push_back(std::move(out));
   }
-  if (full && offload) {
-    int rank = 0;
-    try {
-      rank = default_group().rank();
-    } catch (const Error&) {
-    }
-    if (rank != 0) {
-      OptimizerStateDict empty;
-      empty.type = sd.type;
-      empty.rank0_only_placeholder = true;
-      return empty;
-    }
+  if (full && offload && rank0_only_placeholder_here()) {
+    OptimizerStateDict empty;
+    empty.type = sd.type;
+    empty.rank0_only_placeholder = true;
+    return empty;
   }
   return sd;
 }

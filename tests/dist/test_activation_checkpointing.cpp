@@ -13,6 +13,7 @@
 #include <fsdpp/error.h>
 #include <fsdpp/memory.h>
 #include <fsdpp/state_dict.h>
+#include <fsdpp/tensor_parallel.h>
 #include <fsdpp/wrap_policy.h>
 
 #include "dist/fsdp_test_util.h"
@@ -458,6 +459,17 @@ TEST_P(ActivationCheckpointAfterWrap, AppliedAfterWrapping) {
     auto model = fully_shard(Sequential(CountingLinear(10, 16), ReLU(), CountingLinear(16, 10)),
                              FullyShardOptions().auto_wrap_policy(SizeBasedAutoWrapPolicy(100)));
     EXPECT_EQ(apply_activation_checkpointing(*model, SizeBasedAutoWrapPolicy(170)), 3);
+  });
+}
+// The policy counts a tensor-parallel module at its global size too (Linear(10, 16) colwise: 176,
+// Linear(16, 10) rowwise: 170, each rank holding about 1 / n of them), so every rank
+// checkpoints the same modules.
+TEST_P(ActivationCheckpointAfterWrap, TensorParallelModulesCountAtTheirGlobalSize) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    torch::manual_seed(0);
+    Sequential model(Linear(10, 16), ReLU(), Linear(16, 10));
+    parallelize_module(*model, ctx.world, {{"0", ColwiseParallel()}, {"2", RowwiseParallel()}});
+    EXPECT_EQ(apply_activation_checkpointing(*model, SizeBasedAutoWrapPolicy(170)), 2);
   });
 }
 INSTANTIATE_TEST_SUITE_P(, ActivationCheckpointAfterWrap, ::testing::Values(2, 3), testing::world_size_name);
