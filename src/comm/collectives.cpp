@@ -139,8 +139,9 @@ Work broadcast(const at::Tensor& tensor, int src, const ProcessGroup& group, boo
   const int root = group_root(group, src);
   CollectiveIntent intent = intent_of(tensor.scalar_type(), tensor.numel());
   intent.fields[CollectiveIntent::kRoot] = src;
-  const int64_t bytes = detail::broadcast_wire_bytes(tensor.numel() * tensor.element_size(), g.rank, root, g.size());
-  return submit(g, detail::kBroadcast, intent, detail::SentBytes::at_issue(bytes), shape_of(tensor) + ", src " + std::to_string(src), async_op,
+  const auto sent = detail::SentBytes::at_issue(
+      detail::broadcast_wire_bytes(tensor.numel() * tensor.element_size(), g.rank, root, g.size()));
+  return submit(g, detail::kBroadcast, intent, sent, shape_of(tensor) + ", src " + std::to_string(src), async_op,
                 [&g, tensor, root] { detail::run_broadcast(g, tensor, root); }, Work(),
                 detail::DeviceHandoff::at_issue(g, detail::kBroadcast, {tensor}));
 }
@@ -159,8 +160,9 @@ Work all_gather_into_tensor_impl(const at::Tensor& output, const at::Tensor& inp
   require_same_device(output, input, name);
   require_group_times(g, output, "output", input, "input", name);
   CollectiveIntent intent = intent_of(input.scalar_type(), input.numel(), output.numel());
-  const int64_t bytes = detail::all_gather_wire_bytes(input.numel() * input.element_size(), g.size());
-  return submit(g, detail::kAllGather, intent, detail::SentBytes::at_issue(bytes), "output " + shape_of(output) + ", input " + shape_of(input), async_op,
+  const auto sent =
+      detail::SentBytes::at_issue(detail::all_gather_wire_bytes(input.numel() * input.element_size(), g.size()));
+  return submit(g, detail::kAllGather, intent, sent, "output " + shape_of(output) + ", input " + shape_of(input), async_op,
                 [&g, output, input, prepare = std::move(prepare), layout = std::move(layout)] {
                   if (prepare) prepare();
                   if (layout)
@@ -208,8 +210,9 @@ Work reduce_scatter_tensor_impl(const at::Tensor& output, const at::Tensor& inpu
   require_same_device(output, input, name);
   require_group_times(g, input, "input", output, "output", name);
   CollectiveIntent intent = intent_of(input.scalar_type(), input.numel(), output.numel(), static_cast<int64_t>(op));
-  const int64_t bytes = detail::reduce_scatter_wire_bytes(output.numel() * output.element_size(), g.size());
-  return submit(g, detail::kReduceScatter, intent, detail::SentBytes::at_issue(bytes),
+  const auto sent =
+      detail::SentBytes::at_issue(detail::reduce_scatter_wire_bytes(output.numel() * output.element_size(), g.size()));
+  return submit(g, detail::kReduceScatter, intent, sent,
                 "output " + shape_of(output) + ", input " + shape_of(input) + ", " + to_string(op), async_op,
                 [&g, output, input, op, done = std::move(done)] {
                   detail::run_reduce_scatter(g, output, input, op);
@@ -267,8 +270,8 @@ Work all_to_all_single(const at::Tensor& output, const at::Tensor& input, const 
   intent.fields[CollectiveIntent::kExtra] = 2 * n;
   intent.extra = in_elems;
   intent.extra.insert(intent.extra.end(), out_elems.begin(), out_elems.end());
-  const int64_t bytes = detail::all_to_all_wire_bytes(in_elems, input.element_size(), g.rank);
-  return submit(g, detail::kAllToAll, intent, detail::SentBytes::at_issue(bytes), "output " + shape_of(output) + ", input " + shape_of(input), async_op,
+  const auto sent = detail::SentBytes::at_issue(detail::all_to_all_wire_bytes(in_elems, input.element_size(), g.rank));
+  return submit(g, detail::kAllToAll, intent, sent, "output " + shape_of(output) + ", input " + shape_of(input), async_op,
                 [&g, output, input, out_elems, in_elems] {
                   detail::run_all_to_all(g, output, input, out_elems, in_elems);
                 }, Work(), detail::DeviceHandoff::at_issue(g, detail::kAllToAll, {input, output}));
@@ -276,7 +279,8 @@ Work all_to_all_single(const at::Tensor& output, const at::Tensor& input, const 
 
 Work barrier(const ProcessGroup& group, bool async_op) {
   const auto& g = detail::member_group(group, "barrier");
-  return submit(g, detail::kBarrier, CollectiveIntent{}, detail::SentBytes::at_issue(0), "", async_op, [&g] { detail::run_barrier(g); });
+  return submit(g, detail::kBarrier, CollectiveIntent{}, detail::SentBytes::at_issue(0), "", async_op,
+                [&g] { detail::run_barrier(g); });
 }
 
 Work broadcast_bytes(std::string& bytes, int src, const ProcessGroup& group, bool async_op) {

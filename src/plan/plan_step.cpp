@@ -19,6 +19,8 @@
 namespace fsdpp::plan {
 namespace {
 
+namespace wire = fsdpp::detail;  // comm/wire_bytes.h (plan::detail is the planner's own)
+
 int64_t optimizer_states(Optimizer o) {
   switch (o) {
     case Optimizer::kAdam:
@@ -72,9 +74,9 @@ std::vector<detail::UnitBytes> account_units(const std::vector<std::vector<detai
     // Forward gathers every unit; backward again each non-root unit that resharded after forward.
     const int64_t gathers = 1 + (u > 0 && layout.reshard_after_forward() ? 1 : 0);
     // The collectives' own wire rule (comm/wire_bytes.h), as CommDebugMode counts them.
-    plan.all_gather_bytes += gathers * fsdpp::detail::all_gather_wire_bytes(unit.shard_padded_numel * pbytes, shard_group);
-    plan.reduce_scatter_bytes += fsdpp::detail::reduce_scatter_wire_bytes(unit.shard_padded_numel * rbytes, shard_group);
-    plan.replicate_all_reduce_bytes += fsdpp::detail::ring_all_reduce_mean_bytes(unit.shard_padded_numel * rbytes, replicas);
+    plan.all_gather_bytes += gathers * wire::all_gather_wire_bytes(unit.shard_padded_numel * pbytes, shard_group);
+    plan.reduce_scatter_bytes += wire::reduce_scatter_wire_bytes(unit.shard_padded_numel * rbytes, shard_group);
+    plan.replicate_all_reduce_bytes += wire::ring_all_reduce_mean_bytes(unit.shard_padded_numel * rbytes, replicas);
   }
   plan.held += plan.gradients + plan.optimizer_state;
   return unit_bytes;
@@ -120,7 +122,7 @@ StepPlan plan_and_trace(const ModelShape& model, const ParallelLayout& layout,
   // block's forward is recomputed; one in forward after the vocab-parallel embedding.
   const int64_t tokens_dim = model.batch() * model.seq() * model.dim() * pbytes;
   const int64_t per_block = 4 + (layout.activation_checkpointing() ? 2 : 0);
-  plan.tp_all_reduce_bytes = fsdpp::detail::ring_all_reduce_mean_bytes(tokens_dim, tp) * (per_block * model.layers() + 1);
+  plan.tp_all_reduce_bytes = wire::ring_all_reduce_mean_bytes(tokens_dim, tp) * (per_block * model.layers() + 1);
 
   detail::ReplayOptions options;
   options.reshard_after_forward = layout.reshard_after_forward();
