@@ -21,10 +21,12 @@ namespace fsdpp {
 // Float32 sums over the same values in another order (DDP's average vs FSDP's reduce-scatter,
 // TP's partial sums). Measured over every test using them (FullyShard2DTraining.TrainParity2DMlp*
 // and TpWithFsdpOffloading*, FullyShardNDTraining.*; libtorch 1.13): max abs difference 4.8e-7
-// in the losses (values up to 4.5) and 2.1e-7 in the parameters (up to 0.61); the bounds leave
-// about 4x. rtol is float32 assertEqual's default.
+// in the losses (values up to 4.5) and 2.1e-7 in the parameters (up to 0.61); the gradients
+// (values up to 8; TrainParity2DMlp* and FullyShardNDTraining.*, libtorch 2.15) 2.4e-7. The bounds
+// leave about 4x. rtol is float32 assertEqual's default.
 inline constexpr double kLossRtol = 1.3e-6, kLossAtol = 2e-6;
 inline constexpr double kParamRtol = 1.3e-6, kParamAtol = 1e-6;
+inline constexpr double kGradRtol = 1.3e-6, kGradAtol = 1e-6;
 
 struct Case2D {
   bool reshard_after_forward = true;
@@ -111,6 +113,33 @@ inline void expect_same(const at::Tensor& actual, const at::Tensor& expected, do
       << what << ": max abs diff " << (actual - expected).abs().max().item<double>();
 }
 
+// Every parameter's global gradient: this rank's gradient shard gathered over dp by its FSDP
+// layout (Shard(0) of the TP-local part), then over tp by its TP layout. Keys are the plain
+// model's. Collective over both groups (every rank walks the parameters in the same order); a
+// missing gradient is a failure, and zeros stand in for it so the other ranks are not left waiting.
+inline std::map<std::string, at::Tensor> global_grads(torch::nn::Module& model) {
+  std::map<const c10::TensorImpl*, TensorLayout> tp_layouts, dp_layouts;
+  for (const auto& p : tensor_parallel_parameters(model)) tp_layouts.emplace(p.param.unsafeGetTensorImpl(), p.layout);
+  for (FSDPModule* unit : fsdp_units(model))
+    for (const auto& s : unit->sharded_parameters()) dp_layouts.emplace(s.param.unsafeGetTensorImpl(), s.layout);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& item : model.named_parameters()) {
+    const std::string key = plain_name(item.key());
+    at::Tensor grad = item.value().grad();
+    if (!grad.defined()) {
+      ADD_FAILURE() << key << " has no gradient";
+      grad = at::zeros_like(item.value());
+    }
+    grad = grad.detach().contiguous();
+    auto dp = dp_layouts.find(item.value().unsafeGetTensorImpl());
+    if (dp != dp_layouts.end()) grad = dp->second.to_sharded_tensor(grad, /*copy=*/true).full_tensor();
+    auto tp = tp_layouts.find(item.value().unsafeGetTensorImpl());
+    if (tp != tp_layouts.end()) grad = tp->second.to_sharded_tensor(grad.contiguous(), /*copy=*/true).full_tensor();
+    out[key] = grad;
+  }
+  return out;
+}
+
 // Every global parameter of the 2-D model against the plain reference's.
 inline void expect_global_params_close(torch::nn::Module& model, torch::nn::Module& ref, const std::string& label,
                                        double tolerance_scale = 1, double atol = kParamAtol) {
@@ -125,11 +154,30 @@ inline void expect_global_params_close(torch::nn::Module& model, torch::nn::Modu
   }
 }
 
+// Every global gradient of the 2-D model (global_grads: collective) against the plain
+// reference's `.grad`.
+inline void expect_global_grads_close(torch::nn::Module& model, torch::nn::Module& ref, const std::string& label,
+                                      double tolerance_scale = 1) {
+  const auto grads = global_grads(model);
+  const auto ref_named = ref.named_parameters();
+  ASSERT_EQ(grads.size(), ref_named.size()) << label;
+  for (const auto& item : ref_named) {
+    auto it = grads.find(item.key());
+    ASSERT_TRUE(it != grads.end()) << label << ": no gradient for " << item.key();
+    expect_same(it->second, item.value().grad(), tolerance_scale * kGradRtol, tolerance_scale * kGradAtol,
+                label + " grad " + item.key());
+  }
+}
+
 // The seeds' loop (_test_train_parity_2d_mlp, _test_2d_mlp_with_nd_mesh): DDP over the dp group
 // (the reference, the plain model) and the 2-D model on the same input on every tp rank of a dp
 // rank, Adam(1e-2), 10 steps, zero_grad alternating set_to_none. Losses every step, every global
-// parameter at the end. The inputs are seeded by the dp rank, plus `input_seed` (0 in the seeds).
-// The trained 2-D model goes to `trained` when given.
+// parameter at the end, as the seeds; beyond them, every global gradient every step, after
+// backward and before the step, against DDP's (which averages over dp). The seeds' checks alone
+// cannot tell an average over dp from a sum: Adam's step barely changes when every gradient is
+// scaled by the same factor, so the losses and parameters stay within their bounds. The inputs are
+// seeded by the dp rank, plus `input_seed` (0 in the seeds). The trained 2-D model goes to
+// `trained` when given.
 inline void check_2d_parity(const DeviceMesh& dp_mesh, const DeviceMesh& tp_mesh, const Case2D& c,
                             int input_seed = 0, FSDPSequential* trained = nullptr) {
   const std::string label = describe(c);
@@ -148,15 +196,17 @@ inline void check_2d_parity(const DeviceMesh& dp_mesh, const DeviceMesh& tp_mesh
         o->zero_grad();
       }
     }
+    const std::string where = label + " iter " + std::to_string(iter);
     at::Tensor x = torch::randn({8, c.mlp_dim}).to(c.device);
     at::Tensor ref_loss = ref.forward(x).sum();
     ref_loss.backward();
-    ref_opt.step();
     at::Tensor loss = model->forward(x).sum();
     loss.backward();
+    expect_global_grads_close(*model, *ref_module, where, c.tolerance_scale);
+    ref_opt.step();
     opt.step();
     expect_same(loss.detach(), ref_loss.detach(), c.tolerance_scale * kLossRtol, c.tolerance_scale * kLossAtol,
-                label + " iter " + std::to_string(iter) + " loss");
+                where + " loss");
     if (::testing::Test::HasFailure()) return;
   }
   expect_global_params_close(*model, *ref_module, label, c.tolerance_scale);

@@ -61,7 +61,11 @@ inline FSDPSequential make_hsdp_sharded(int64_t dim, const FullyShardOptions& op
 
 // Trains the HSDP model and DDP (on the world group, the reference) on the same per-rank data:
 // 5 iterations of 3 microbatches, gradient sync only at the last microbatch when asked. Losses,
-// gradient shards and parameter shards match the reference's rows of this rank's shard.
+// gradient shards and parameter shards match the reference's rows of this rank's shard. The
+// gradient shards are compared after each iteration's backward, before the step: under Adam the
+// losses and parameters barely move when every gradient is scaled alike, so they alone would not
+// tell a sum over the replicate or shard group from the average (with either summing, the
+// gradients fail at the first iteration).
 inline void check_parity_with_ddp(RankContext& ctx, const FullyShardOptions& options, int shard_size, const HSDPCase& c) {
   const std::string label = describe(c);
   const int shard_rank = ctx.rank % shard_size;

@@ -10,6 +10,7 @@
 // rounding (~1e-7 relative per step), not bitwise.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -21,9 +22,11 @@
 #include <fsdpp/error.h>
 #include <fsdpp/fully_shard.h>
 #include <fsdpp/memory.h>
+#include <fsdpp/profiler.h>
 
 #include "comm/shm_transport.h"
 #include "dist/fsdp_test_util.h"
+#include "dist/profiler_trace.h"
 #include "dist/world_sizes.h"
 #include "harness/error_of.h"
 #include "harness/multi_process.h"
@@ -669,9 +672,147 @@ TEST_P(FullyShardPrefetching, ImplicitForwardAndBackwardPrefetch) {
   });
 }
 
-// test_explicit_prefetching: the root prefetches all four blocks in forward, the last block
-// prefetches the two before it in backward; training stays at parity.
+// A Linear in a module named "layer<index>", the name FSDP's profiler spans give its unit; calls
+// `on_forward(index, input)` first.
+struct NamedLayerImpl : torch::nn::Module {
+  NamedLayerImpl(int index, int64_t in, int64_t out, std::function<void(int, at::Tensor&)> on_forward)
+      : torch::nn::Module("layer" + std::to_string(index)), index(index), on_forward(std::move(on_forward)) {
+    lin = register_module("lin", Linear(in, out));
+  }
+  at::Tensor forward(at::Tensor x) {
+    if (on_forward) on_forward(index, x);
+    return lin->forward(x);
+  }
+  int index;
+  std::function<void(int, at::Tensor&)> on_forward;
+  Linear lin{nullptr};
+};
+TORCH_MODULE(NamedLayer);
+
+// test_explicit_prefetching: 8 layers (a unit each) and the root; layer i prefetches layers i + 1
+// and i + 2 in forward (i < 6) and layers i - 1 and i - 2 in backward (i >= 2), the seed's
+// overlapping windows, so layers 2-6 are asked for twice in each forward (layer 7 too from the
+// second step, by layer 6's implicit prefetch) and layers 0-5 in each backward (layer 0 by layer
+// 2's list and layer 1's implicit prefetch). reshard_after_forward True and FSDP2's implicit prefetch (BACKWARD_PRE) for the
+// units without a list, as the seed. For two steps, from the profiler's trace and CommDebugMode:
+// each unit is gathered exactly once per forward (root, layers 0-7) and once per backward (layers
+// 7-0: the root stays unsharded), in that order, and when each layer computes exactly the units
+// its window reaches have been gathered (forward: the root and layers 0 to min(i + 2, 7); backward,
+// at layer i's input gradient: layers 7 down to max(i - 2, 0)). Beyond FSDP2, fsdpp also prefetches
+// implicitly in forward from the second step on (the root then starts layer 0's gather), which
+// changes none of these. Then, as the seed, training at parity with the plain model (here losses,
+// gradient shards and parameters every step, 5 Adam steps; the seed compares losses over 10 AdamW
+// steps of a Transformer). What it cannot show: that a prefetched gather overlaps compute (CPU
+// ranks, tiny layers).
 TEST_P(FullyShardPrefetching, ExplicitPrefetching) {
+  run_ranks(GetParam(), [](RankContext& ctx) {
+    constexpr int kLayers = 8, kWindow = 2;
+    const auto options =
+        FullyShardOptions().reshard_after_forward(true).backward_prefetch(BackwardPrefetch::BACKWARD_PRE);
+    CommDebugMode* comm = nullptr;
+    std::vector<int64_t> at_forward(kLayers, -1), at_input_grad(kLayers, -1);
+    auto record = [&](int i, at::Tensor& x) {
+      if (!comm) return;
+      at_forward[i] = comm->count("all_gather_into_tensor");
+      if (x.requires_grad())
+        x.register_hook([&, i](const at::Tensor& g) {
+          if (comm) at_input_grad[i] = comm->count("all_gather_into_tensor");
+          return g;
+        });
+    };
+    using FSDPLayer = FullyShardedDataParallel<NamedLayerImpl>;
+    auto build = [&](bool wrap) {
+      torch::manual_seed(42);
+      Sequential seq;
+      for (int i = 0; i < kLayers; ++i) {
+        NamedLayer layer(i, i == 0 ? 7 : 8, 8, record);
+        if (wrap)
+          seq->push_back(FSDPLayer(layer, options));
+        else
+          seq->push_back(layer);
+        seq->push_back(ReLU());
+      }
+      seq->push_back(Linear(8, 3));
+      return seq;
+    };
+    // The seed's loops, on the units of a wrapped model.
+    auto set_windows = [&](FSDPSequential& model) {
+      std::vector<std::shared_ptr<FSDPModule>> layers;
+      for (int i = 0; i < kLayers; ++i)
+        layers.push_back(std::dynamic_pointer_cast<FSDPModule>(model->module()->ptr(2 * i)));
+      for (int i = 0; i + kWindow < kLayers; ++i)
+        layers[i]->set_modules_to_forward_prefetch({layers[i + 1], layers[i + 2]});
+      for (int i = kWindow; i < kLayers; ++i)
+        layers[i]->set_modules_to_backward_prefetch({layers[i - 1], layers[i - 2]});
+    };
+    // "FSDP::unshard unit 5 (layer3)" -> "layer3"; the root's unit -> "root".
+    auto unit_of = [](const std::string& span) -> std::string {
+      const auto open = span.find("(layer");
+      if (open != std::string::npos) return span.substr(open + 1, span.size() - open - 2);
+      return span.rfind("FSDP::unshard ", 0) == 0 ? "root" : span;
+    };
+    std::vector<std::string> forward_order{"root"}, backward_order;
+    for (int i = 0; i < kLayers; ++i) forward_order.push_back("layer" + std::to_string(i));
+    for (int i = kLayers - 1; i >= 0; --i) backward_order.push_back("layer" + std::to_string(i));
+
+    FSDPSequential model(build(true), options);
+    set_windows(model);
+    torch::manual_seed(7 + ctx.rank);
+    for (int step = 0; step < 2; ++step) {
+      const std::string where = "step " + std::to_string(step);
+      std::fill(at_forward.begin(), at_forward.end(), -1);
+      std::fill(at_input_grad.begin(), at_input_grad.end(), -1);
+      CommDebugMode mode;
+      comm = &mode;
+      profiler::start();
+      at::Tensor loss = model->forward(torch::randn({2, 7})).sum();
+      profiler::stop();
+      const std::string forward_path = ctx.temp_dir + "/forward-" + std::to_string(ctx.rank) + ".json";
+      profiler::export_chrome_trace(forward_path);
+      EXPECT_EQ(mode.count("all_gather_into_tensor"), kLayers + 1) << where << ": forward";
+      mode.reset();
+      profiler::start();
+      loss.backward();
+      profiler::stop();
+      const std::string backward_path = ctx.temp_dir + "/backward-" + std::to_string(ctx.rank) + ".json";
+      profiler::export_chrome_trace(backward_path);
+      EXPECT_EQ(mode.count("all_gather_into_tensor"), kLayers) << where << ": backward";
+      comm = nullptr;
+
+      std::vector<std::string> gathered;
+      for (const auto& span : testing::Trace(forward_path).issued_in("all_gather_into_tensor"))
+        gathered.push_back(unit_of(span));
+      EXPECT_EQ(gathered, forward_order) << where << ": forward all-gathers, in issue order";
+      gathered.clear();
+      for (const auto& span : testing::Trace(backward_path).issued_in("all_gather_into_tensor"))
+        gathered.push_back(unit_of(span));
+      EXPECT_EQ(gathered, backward_order) << where << ": backward all-gathers, in issue order";
+      for (int i = 0; i < kLayers; ++i) {
+        // The root, then layers 0 .. min(i + 2, 7).
+        EXPECT_EQ(at_forward[i], 1 + std::min(i + kWindow, kLayers - 1) + 1) << where << ": forward of layer " << i;
+        // Layer 0's input needs no gradient; layer 1 has no list: implicitly layer 0, already asked for by layer 2.
+        if (i > 0) {
+          EXPECT_EQ(at_input_grad[i], kLayers - std::max(i - kWindow, 0)) << where << ": backward of layer " << i;
+        }
+      }
+      if (::testing::Test::HasFailure()) return;
+    }
+
+    // Parity (a fresh model with the same windows).
+    Sequential ref = build(false);
+    FSDPSequential trained(build(true), options);
+    set_windows(trained);
+    ParityCase c;
+    c.steps = 5;
+    check_train_parity(ctx, *ref, [&](const at::Tensor& x) { return ref->forward(x); }, *trained,
+                       [&](const at::Tensor& x) { return trained->forward(x); }, 7, 3, c, "explicit prefetch");
+  });
+}
+
+// Beyond the seed: the root prefetches all four blocks in forward, the last block prefetches the
+// two before it in backward (one unit's list reaching units that are not its neighbours);
+// training stays at parity.
+TEST_P(FullyShardPrefetching, ExplicitPrefetchingFromTheRoot) {
   run_ranks(GetParam(), [](RankContext& ctx) {
     CommDebugMode* comm = nullptr;
     std::vector<int64_t> seen;

@@ -56,10 +56,11 @@ void expect_same_grads(torch::nn::Module& model, torch::nn::Module& twin, const 
 // MLP and nothing else; backward one all-gather (resharded after forward) and one reduce-scatter
 // per MLP and an all_reduce of each column-wise input's gradient but the first MLP's (its input
 // needs no grad); the loss equals the reference's every step. The reference is DDP of the plain
-// model over the dp group (at dp = 1 the plain model, as the seed). Beyond the seed: the same
-// 2-D model without offload trains bit for bit the same (losses, shard gradients, parameters),
-// the gradients are host tensors, and every global parameter is at parity with the reference at
-// the end. On these CPU-only machines the compute device is the CPU, so the offload's copies are
+// model over the dp group (at dp = 1 the plain model, as the seed). Beyond the seed: every global
+// gradient equals the reference's every step (before the step: Adam would hide a sum over dp);
+// the same 2-D model without offload trains bit for bit the same (losses, shard gradients,
+// parameters), the gradients are host tensors, and every global parameter is at parity with the
+// reference at the end. On these CPU-only machines the compute device is the CPU, so the offload's copies are
 // the identity (as in FullyShardCPUOffload).
 void check_tp_with_fsdp_offloading(const DeviceMesh& mesh) {
   const DeviceMesh dp_mesh = mesh["dp"], tp_mesh = mesh["tp"];
@@ -99,6 +100,7 @@ void check_tp_with_fsdp_offloading(const DeviceMesh& mesh) {
           << where << " backward";
     }
     ref_loss.backward();
+    expect_global_grads_close(*model, *ref_module, where);
     at::Tensor twin_loss = twin->forward(x).sum();
     twin_loss.backward();
     EXPECT_TRUE(loss.equal(twin_loss)) << where << ": " << loss.item<double>() << " vs " << twin_loss.item<double>()

@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
-#include <map>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -19,45 +17,15 @@
 #include <fsdpp/profiler.h>
 
 #include "dist/fsdp_test_util.h"
+#include "dist/profiler_trace.h"
 #include "harness/error_of.h"
 
 namespace fsdpp {
 namespace {
 
 using nlohmann::json;
-
-// One rank's trace, read back from the file export_chrome_trace wrote.
-struct Trace {
-  json events;
-  std::map<int, std::string> track_names;
-
-  explicit Trace(const std::string& path) {
-    std::ifstream in(path);
-    const json file = json::parse(in);
-    events = file.at("traceEvents");
-    for (const auto& e : events)
-      if (e.at("name") == "thread_name") track_names[e.at("tid").get<int>()] = e.at("args").at("name");
-  }
-
-  // The events (not metadata) whose name starts with `prefix`.
-  std::vector<json> named(const std::string& prefix) const {
-    std::vector<json> found;
-    for (const auto& e : events)
-      if (e.at("ph") != "M" && e.at("name").get<std::string>().rfind(prefix, 0) == 0) found.push_back(e);
-    return found;
-  }
-
-  const json& only(const std::string& prefix) const {
-    static const json none;
-    const auto found = named(prefix);
-    EXPECT_EQ(found.size(), 1u) << "events named '" << prefix << "...'";
-    for (const auto& e : events)
-      if (e.at("ph") != "M" && e.at("name").get<std::string>().rfind(prefix, 0) == 0) return e;
-    return none;
-  }
-};
-
-long long end_of(const json& e) { return e.at("ts").get<long long>() + e.at("dur").get<long long>(); }
+using testing::end_of;
+using testing::Trace;
 
 class ProfilerTest : public testing::WorldSizeTest {};
 
