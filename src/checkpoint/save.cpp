@@ -1,6 +1,6 @@
-// Collective save: agree on a plan (save_plan: who writes which chunk, where), write one
-// safetensors file per rank into DIR.tmp-<id>, gather checksums, then rank 0 writes the
-// metadata last and atomically and moves the directory into place.
+// Collective save: agree on a plan (save_planner: who writes which chunk; data_file_layout:
+// where), write one safetensors file per rank into DIR.tmp-<id>, gather checksums, then rank 0
+// writes the metadata last and atomically and moves the directory into place.
 #include <fcntl.h>
 #include <stdio.h>
 #include <unistd.h>

@@ -269,10 +269,16 @@ void FSDPState::decide_backward_prefetch(FSDPRootContext& context,
   for (size_t i = 0; i < states.size(); ++i) index[states[i].get()] = static_cast<int>(i);
   BackwardWindows windows;
   windows.live_after_forward = context.live_bytes_after_forward;
+  for (const auto& w : context.measured_order)
+    if (const auto s = w.lock(); s && index.count(s.get())) windows.order.push_back(index[s.get()]);
+  // Only windows this context's first backward measured: a unit measured earlier as a root of
+  // its own keeps an older peak.
+  std::vector<char> measured(states.size(), 0);
+  for (int i : windows.order) measured[static_cast<size_t>(i)] = 1;
   std::vector<PrefetchUnit> units(states.size());
   for (size_t i = 0; i < states.size(); ++i) {
     const FSDPState& s = *states[i];
-    windows.peak.push_back(s.window_peak_);
+    windows.peak.push_back(measured[i] ? s.window_peak_ : -1);
     if (s.param_group_) {
       units[i].gathered = s.param_group_->unsharded_compute_bytes();
       units[i].reduce_input = s.param_group_->unsharded_reduce_bytes();
@@ -282,8 +288,6 @@ void FSDPState::decide_backward_prefetch(FSDPRootContext& context,
     if (s.prefetches_within_bound() && target && target->param_group_ && index.count(target.get()))
       units[i].target = index[target.get()];
   }
-  for (const auto& w : context.measured_order)
-    if (const auto s = w.lock(); s && index.count(s.get())) windows.order.push_back(index[s.get()]);
   const std::vector<bool> prefetches = decide_prefetch_within_bound(windows, units);
   const std::vector<int32_t> fits(prefetches.begin(), prefetches.end());
   // Ranks measure different bytes; a prefetch issued on one rank and not on another would put

@@ -65,7 +65,7 @@ class StepReplay {
   }
 
   // kBounded's decision from the windows this replay measured, by the engine's rule.
-  std::vector<bool> decide_within_bound() const {
+  std::vector<bool> within_bound_decision() const {
     std::vector<fsdpp::detail::PrefetchUnit> units;
     for (int u = 0; u < static_cast<int>(units_.size()); ++u)
       units.push_back({units_[u].gathered, units_[u].reduce_input, options_.shard_group_size, backward_prefetch_target(u)});
@@ -480,7 +480,7 @@ ReplayResult replay_step(const Tape& tape, const std::vector<UnitBytes>& units, 
     first.comm_thread_late = false;
     StepReplay measured(tape, units, first);
     measured.run();
-    allowed = measured.decide_within_bound();
+    allowed = measured.within_bound_decision();
   }
   ReplayOptions benign = options, slow = options;
   benign.comm_thread_late = false;

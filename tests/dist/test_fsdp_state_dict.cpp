@@ -925,12 +925,17 @@ TEST_P(FSDPStateDict, StateDictRank0OffloadSaveLoadFlow) {
     const auto trained = full_values(*net.module);
     StateDict sd = get_model_state_dict(*net.module, StateDictOptions().full_state_dict(true).cpu_offload(true));
     EXPECT_EQ(sd.empty(), ctx.rank != 0);
+    // The seed's last leg: the plain model only rank 0 loaded, wrapped on every rank with
+    // sync_module_states, holds rank 0's values everywhere (the others' are zeros before).
+    Net plain = make_net(Wrap::kNone);
+    zero_model(*plain.module);
     if (ctx.rank == 0) {
-      Net plain = make_net(Wrap::kNone);
-      zero_model(*plain.module);
       set_model_state_dict(*plain.module, sd);
       expect_equal_values(full_values(*plain.module), trained, "plain on rank 0");
     }
+    FSDPSequential synced(Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(plain.module)),
+                          FullyShardOptions().sync_module_states(true));
+    expect_equal_values(full_values(*synced.ptr()), trained, "plain model loaded on rank 0, wrapped with sync_module_states");
     Net fresh = make_net(Wrap::kNested);
     zero_model(*fresh.module);
     set_model_state_dict(*fresh.module, sd, StateDictOptions().full_state_dict(true).broadcast_from_rank0(true));
