@@ -14,6 +14,7 @@
 #include "fsdp/auto_wrap.h"
 #include "fsdp/fsdp_state.h"
 #include "fsdp/ignored_params.h"
+#include "fsdp/sync_module_states.h"
 #include "fsdp/unit_groups.h"
 
 namespace fsdpp {
@@ -79,22 +80,15 @@ void sync_buffers_from_rank0(const torch::nn::Module& module, const detail::Unit
                              const std::optional<at::Device>& device_id) {
   const auto buffers = unit_buffers(module);
   if (buffers.empty()) return;  // the same on every rank (one model)
-  const bool source = groups.shard.rank() == 0 && (!groups.replicated() || groups.replicate.rank() == 0);
+  // The replicate group only where it has peers, as the buffers always took it.
+  const ProcessGroup replicate = groups.replicated() ? groups.replicate : ProcessGroup();
   bool has_values = true;
   for (const auto& [name, t] : buffers) has_values = has_values && !t.is_meta();
-  // The flag first, along the buffers' path: every rank fails alike if rank 0 has no values.
-  at::Tensor flag = at::full({1}, source && has_values ? 1 : 0, at::kInt);
-  auto along_path = [&](const at::Tensor& t) {
-    broadcast(t, groups.shard.global_rank(0), groups.shard);
-    if (groups.replicated()) broadcast(t, groups.replicate.global_rank(0), groups.replicate);
-  };
-  along_path(flag);
-  if (flag.item<int>() != 1)
-    throw Error("fully_shard of " + unit + " with sync_module_states: rank 0 holds no values for buffer '" +
-                buffers.front().first + "' (it was built under deferred_init); rank 0 must build the model with its values");
+  detail::agree_source_has_values(detail::is_sync_source(groups.shard, replicate) && has_values, groups.shard, replicate,
+                                  unit, "buffer '" + buffers.front().first + "'");
   for (const auto& [name, t] : buffers) {
     if (t.is_meta()) compat::give_meta_tensor_memory(t, device_id.value_or(at::kCPU));
-    along_path(t);
+    detail::broadcast_along_sync_path(t, groups.shard, replicate);
   }
 }
 

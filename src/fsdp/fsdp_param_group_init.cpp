@@ -15,6 +15,7 @@
 #include <fsdpp/error.h>
 
 #include "fsdp/storage_memory.h"
+#include "fsdp/sync_module_states.h"
 #include "memory/allocator_caching.h"
 
 namespace fsdpp::detail {
@@ -97,21 +98,12 @@ FSDPParamGroup::FSDPParamGroup(std::vector<std::pair<std::string, at::Tensor>> p
 at::Tensor FSDPParamGroup::broadcast_from_rank0(at::ScalarType dtype) {
   at::Tensor full = at::empty({flat_layout_.unsharded_numel()}, at::TensorOptions().dtype(dtype).device(compute_device_));
   bind_unsharded(full);
-  const bool source = process_group_.rank() == 0 && (!replicate_group_.defined() || replicate_group_.rank() == 0);
+  const bool source = is_sync_source(process_group_, replicate_group_);
   if (source && !deferred_)
     for (auto& p : params_) p.copy_full_into_unsharded();
-  // Whether the source has values, first: every rank then fails alike instead of waiting.
-  at::Tensor has_values = at::full({1}, source && !deferred_ ? 1 : 0, at::kInt);
-  // Along the shard group from its rank 0, then along the replicate group (HSDP) from the rank 0
-  // that now holds the source's values; the flag takes the same path.
-  for (const ProcessGroup* group : {&process_group_, &replicate_group_})
-    if (group->defined()) {
-      broadcast(has_values, group->global_rank(0), *group);
-      broadcast(full, group->global_rank(0), *group);
-    }
-  if (has_values.item<int>() != 1)
-    throw Error("fully_shard of " + unit_name_ + " with sync_module_states: rank 0 holds no values for '" +
-                params_.front().fqn() + "' (it was built under deferred_init); rank 0 must build the model with its values");
+  agree_source_has_values(source && !deferred_, process_group_, replicate_group_, unit_name_,
+                          "'" + params_.front().fqn() + "'");
+  broadcast_along_sync_path(full, process_group_, replicate_group_);
   return full;
 }
 
