@@ -67,28 +67,30 @@ void connect_group(ProcessGroupImpl& g, bool local_only, std::chrono::millisecon
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("fsdpp/" + g.name + "/", g.store);
   wait_for_members(g, prefixed, "arrived", arrival);
   const BoundGlooDevice bound = gloo_device(local_only, master_host);
+  const DeviceBackend device = device_backend_of(g.backend_name);
+  const bool nccl = device == DeviceBackend::kNccl;
   try {
     g.backend = compat::make_gloo_backend(prefixed, g.rank, g.size(), g.timeout, bound.device);
+    // The NCCL contract's own communicator is a second Gloo mesh over the same device.
+    if (device == DeviceBackend::kNcclContract) {
+      g.device_backend = make_nccl_contract_backend(
+          c10::make_intrusive<c10d::PrefixStore>("nccl-contract/", prefixed), g.rank, g.size(), g.name, bound.device);
+      g.cpu_tensors_on_device_path = true;
+    }
   } catch (const std::exception& e) {
     // The address a rank advertises is what its peers dial: a loopback one on a multi-node
     // job is the usual cause (GLOO_SOCKET_IFNAME picks the interface).
     throw Error("connecting " + g.where() + " with ranks " + list_ranks(g.ranks) + " failed: " + message_without_backtrace(e) +
                 " (this rank listens on " + bound.address + (std::getenv("GLOO_SOCKET_IFNAME") ? "" : "; GLOO_SOCKET_IFNAME is unset") + ")");
   }
-  // As PyTorch's store-based barrier: nobody leaves before everyone is connected, or a rank
-  // that finishes early would close connections a peer is still setting up.
+  // As PyTorch's store-based barrier: nobody leaves before every mesh of the group is connected
+  // on every member, or a rank that finishes early (and drops the group) would close a connection
+  // a peer is still setting up ("Connection closed by peer" on the peer).
   wait_for_members(g, prefixed, "connected", g.timeout);
-  const DeviceBackend device = device_backend_of(g.backend_name);
-  const bool nccl = device == DeviceBackend::kNccl;
-  if (device == DeviceBackend::kNcclContract) {
-    g.device_backend = make_nccl_contract_backend(
-        c10::make_intrusive<c10d::PrefixStore>("nccl-contract/", prefixed), g.rank, g.size(), g.name, bound.device);
-    g.cpu_tensors_on_device_path = true;
-  } else {
+  if (device != DeviceBackend::kNcclContract)
     g.device_backend = nccl ? compat::make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>("nccl/", prefixed),
                                                         g.rank, g.size(), g.timeout)
                             : g.backend;
-  }
   g.device_launches_on_issue = nccl || device == DeviceBackend::kNcclContract;
   g.blocking_wait = torch_nccl_blocking_wait();
   g.c10d_group = compat::as_process_group(g.backend, prefixed, nccl ? g.device_backend : g.backend, nccl);

@@ -81,6 +81,21 @@ TEST_P(ProcessGroupTest, NewGroupTalksOnlyToItsMembers) {
   });
 }
 
+// A member that drops a group as soon as it is made must not cut a connection a peer is still
+// completing: under the NCCL contract a group holds two Gloo meshes, and a rank that returned
+// after the first one's barrier used to close the second while its peer was still connecting
+// it ("Connection closed by peer"; about half the runs failed before the barrier moved after both).
+TEST(ProcessGroupLifetime, AGroupDroppedAsSoonAsItIsMadeLeavesNoPeerHalfConnected) {
+  testing::RunOptions options;
+  options.backend = "nccl-contract";
+  testing::run_ranks(
+      2,
+      [](RankContext& ctx) {
+        for (int i = 0; i < 100; ++i) ProcessGroup dropped = ctx.world.new_group({0, 1});
+      },
+      options);
+}
+
 TEST_P(ProcessGroupTest, NewGroupRejectsRanksOutsideTheGroup) {
   testing::run_ranks(GetParam(), [](RankContext& ctx) {
     const int n = ctx.world_size;
