@@ -279,7 +279,7 @@ Work all_to_all_single(const at::Tensor& output, const at::Tensor& input, const 
 
 Work barrier(const ProcessGroup& group, bool async_op) {
   const auto& g = detail::member_group(group, "barrier");
-  return submit(g, detail::kBarrier, CollectiveIntent{}, detail::SentBytes::at_issue(0), "", async_op,
+  return submit(g, detail::kBarrier, CollectiveIntent{}, detail::SentBytes::at_issue(detail::barrier_wire_bytes()), "", async_op,
                 [&g] { detail::run_barrier(g); });
 }
 

@@ -59,6 +59,8 @@ int64_t all_gather_wire_bytes(int64_t shard_bytes, int64_t size) { return (size 
 
 int64_t reduce_scatter_wire_bytes(int64_t shard_bytes, int64_t size) { return (size - 1) * shard_bytes; }
 
+int64_t barrier_wire_bytes() { return 0; }
+
 int64_t all_to_all_wire_bytes(const std::vector<int64_t>& input_elements, int64_t element_size, int rank) {
   int64_t bytes = 0;
   for (size_t j = 0; j < input_elements.size(); ++j)
