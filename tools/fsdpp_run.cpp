@@ -14,9 +14,11 @@
 #include <climits>
 #include <cstdlib>
 #include <stdexcept>
+#include <optional>
 #include <sstream>
 #include <string>
 
+#include "common/host_port.h"
 #include "common/loopback.h"
 #include "common/store_secret.h"
 #include "launcher.h"
@@ -86,18 +88,10 @@ std::string parse_rdzv_conf(const std::string& text, Options& opt) {
 // --rdzv-endpoint HOST:PORT ([::1]:PORT for IPv6) into its parts; a message if it is neither.
 std::string parse_endpoint(Options& opt) {
   if (opt.rdzv_endpoint.empty()) return "";
-  const auto colon = opt.rdzv_endpoint.rfind(':');
-  opt.rdzv_host = opt.rdzv_endpoint.substr(0, colon == std::string::npos ? 0 : colon);
-  if (opt.rdzv_host.size() > 2 && opt.rdzv_host.front() == '[' && opt.rdzv_host.back() == ']')
-    opt.rdzv_host = opt.rdzv_host.substr(1, opt.rdzv_host.size() - 2);
-  try {
-    size_t used = 0;
-    opt.rdzv_port = std::stoi(opt.rdzv_endpoint.substr(colon + 1), &used);
-    if (used != opt.rdzv_endpoint.size() - colon - 1) opt.rdzv_port = 0;
-  } catch (const std::exception&) {
-  }
-  if (colon == std::string::npos || opt.rdzv_host.empty() || opt.rdzv_port < 1 || opt.rdzv_port > 65535)
-    return "--rdzv-endpoint must be HOST:PORT with a port in [1, 65535], got '" + opt.rdzv_endpoint + "'";
+  const std::optional<fsdpp::HostPort> endpoint = fsdpp::split_host_port(opt.rdzv_endpoint);
+  if (!endpoint) return "--rdzv-endpoint must be HOST:PORT with a port in [1, 65535], got '" + opt.rdzv_endpoint + "'";
+  opt.rdzv_host = endpoint->host;
+  opt.rdzv_port = endpoint->port;
   return "";
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "comm/process_group_impl.h"
 #include "comm/process_setup.h"
 #include "comm/store_socket.h"
+#include "common/host_port.h"
 #include "common/loopback.h"
 #include "common/store_secret.h"
 #include "compat/tcp_store_options.h"
@@ -32,11 +34,9 @@ std::string env_string(const char* name, const std::string& why) {
 }
 
 int parse_port(const std::string& text, const std::string& source) {
-  char* end = nullptr;
-  long port = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || port < 1 || port > 65535)
-    throw Error(source + "='" + text + "' is not a valid TCP port (1-65535)");
-  return static_cast<int>(port);
+  const std::optional<int> port = parse_tcp_port(text);
+  if (!port) throw Error(source + "='" + text + "' is not a valid TCP port (1-65535)");
+  return *port;
 }
 
 // The options' rank and world size, else RANK and WORLD_SIZE (required when `required`), checked.
@@ -79,11 +79,13 @@ Rendezvous rendezvous(const InitProcessGroupOptions& o, std::chrono::millisecond
     host = env_string("MASTER_ADDR", env_why);
     port = parse_port(env_string("MASTER_PORT", env_why), "environment variable MASTER_PORT");
   } else if (o.init_method().rfind("tcp://", 0) == 0) {
-    std::string rest = o.init_method().substr(6);
-    auto colon = rest.rfind(':');
+    const std::string rest = o.init_method().substr(6);
+    const auto colon = rest.rfind(':');
     if (colon == std::string::npos) throw Error("init_method '" + o.init_method() + "' lacks a port (tcp://host:port)");
-    host = rest.substr(0, colon);
     port = parse_port(rest.substr(colon + 1), "init_method port");
+    const std::optional<HostPort> address = split_host_port(rest);
+    if (!address) throw Error("init_method '" + o.init_method() + "' names no host (tcp://host:port)");
+    host = address->host;
   } else if (o.init_method().rfind("file://", 0) == 0) {
     std::string path = o.init_method().substr(7);
     if (path.empty()) throw Error("init_method '" + o.init_method() + "' names no file");

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -125,6 +127,22 @@ TEST_P(ProcessGroupTest, TcpInitMethod) {
 
 FSDPP_INSTANTIATE_WORLD_SIZES(ProcessGroupTest);
 
+// An IPv6 address in brackets, as a URL spells it (and torchrun's --rdzv-endpoint).
+TEST(ProcessGroupTcp, Ipv6LoopbackInBrackets) {
+  testing::RunOptions options;
+  options.init_process_group = false;
+  options.env = {"FSDPP_TEST_PORT=" + std::to_string(free_port())};
+  testing::run_ranks(2, [](RankContext& ctx) {
+    ProcessGroup world = init_process_group(InitProcessGroupOptions()
+                                                .init_method(std::string("tcp://[::1]:") + std::getenv("FSDPP_TEST_PORT"))
+                                                .rank(ctx.rank)
+                                                .world_size(ctx.world_size));
+    at::Tensor t = at::full({2}, ctx.rank + 1.0);
+    all_reduce(t, ReduceOp::SUM, world);
+    EXPECT_TRUE(at::equal(t, at::full({2}, 3.0)));
+  }, options);
+}
+
 TEST(ProcessGroupErrors, RankThatNeverArrivesTimesOutNamingTheRendezvous) {
   testing::RunOptions options;
   options.init_process_group = false;
@@ -176,6 +194,13 @@ TEST(ProcessGroupErrors, MissingOrInvalidEnvironment) {
     EXPECT_NE(m.find("backend 'mpi' is not available: fsdpp takes 'gloo', 'nccl', 'fake' or"), std::string::npos) << m;
     m = error_of([] { init_process_group(InitProcessGroupOptions().backend("cpu:gloo,cuda:mpi")); });
     EXPECT_NE(m.find("backend 'cpu:gloo,cuda:mpi': 'cuda:mpi' is not available"), std::string::npos) << m;
+    for (const auto& [method, error] : std::vector<std::pair<std::string, std::string>>{
+             {"tcp://127.0.0.1", "init_method 'tcp://127.0.0.1' lacks a port (tcp://host:port)"},
+             {"tcp://127.0.0.1:70000", "init_method port='70000' is not a valid TCP port"},
+             {"tcp://:29500", "init_method 'tcp://:29500' names no host (tcp://host:port)"}}) {
+      m = error_of([&] { init_process_group(InitProcessGroupOptions().init_method(method)); });
+      EXPECT_NE(m.find(error), std::string::npos) << m;
+    }
     m = error_of([] { init_process_group(InitProcessGroupOptions().init_method("udp://x")); });
     EXPECT_NE(m.find("init_method 'udp://x' is not env://"), std::string::npos) << m;
     m = error_of([] { default_group(); });
