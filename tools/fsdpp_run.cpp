@@ -13,9 +13,9 @@
 
 #include <climits>
 #include <cstdlib>
-#include <stdexcept>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include "common/host_port.h"
