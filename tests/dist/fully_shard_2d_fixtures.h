@@ -4,6 +4,7 @@
 // parallelize_module over a "tp" mesh, then every MLP and the root fully_shard over a "dp" mesh;
 // a parameter's global value (its FSDP gather over dp, gathered again by its TP layout over tp);
 // and the seed's training loop against DDP of the plain model over the dp group.
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <string>
@@ -140,33 +141,33 @@ inline std::map<std::string, at::Tensor> global_grads(torch::nn::Module& model) 
   return out;
 }
 
-// Every global parameter of the 2-D model against the plain reference's.
-inline void expect_global_params_close(torch::nn::Module& model, torch::nn::Module& ref, const std::string& label,
-                                       double tolerance_scale = 1, double atol = kParamAtol) {
-  const auto global = global_params(model);
+// Each of the reference's parameters, `of` it (its value or its `.grad`), against the 2-D model's
+// global one in `global` (keys: the plain model's); `what` names which ("param", "grad").
+inline void expect_global_close(const std::map<std::string, at::Tensor>& global, torch::nn::Module& ref,
+                                const std::function<at::Tensor(const at::Tensor&)>& of, const std::string& what,
+                                double rtol, double atol, const std::string& label) {
   const auto ref_named = ref.named_parameters();
   ASSERT_EQ(global.size(), ref_named.size()) << label;
   for (const auto& item : ref_named) {
     auto it = global.find(item.key());
-    ASSERT_TRUE(it != global.end()) << label << ": no parameter " << item.key();
-    expect_same(it->second, item.value().detach(), tolerance_scale * kParamRtol, tolerance_scale * atol,
-                label + " param " + item.key());
+    ASSERT_TRUE(it != global.end()) << label << ": no " << what << " " << item.key();
+    expect_same(it->second, of(item.value()), rtol, atol, label + " " + what + " " + item.key());
   }
+}
+
+// Every global parameter of the 2-D model against the plain reference's.
+inline void expect_global_params_close(torch::nn::Module& model, torch::nn::Module& ref, const std::string& label,
+                                       double tolerance_scale = 1, double atol = kParamAtol) {
+  expect_global_close(global_params(model), ref, [](const at::Tensor& p) { return p.detach(); }, "param",
+                      tolerance_scale * kParamRtol, tolerance_scale * atol, label);
 }
 
 // Every global gradient of the 2-D model (global_grads: collective) against the plain
 // reference's `.grad`.
 inline void expect_global_grads_close(torch::nn::Module& model, torch::nn::Module& ref, const std::string& label,
                                       double tolerance_scale = 1) {
-  const auto grads = global_grads(model);
-  const auto ref_named = ref.named_parameters();
-  ASSERT_EQ(grads.size(), ref_named.size()) << label;
-  for (const auto& item : ref_named) {
-    auto it = grads.find(item.key());
-    ASSERT_TRUE(it != grads.end()) << label << ": no gradient for " << item.key();
-    expect_same(it->second, item.value().grad(), tolerance_scale * kGradRtol, tolerance_scale * kGradAtol,
-                label + " grad " + item.key());
-  }
+  expect_global_close(global_grads(model), ref, [](const at::Tensor& p) { return p.grad(); }, "grad",
+                      tolerance_scale * kGradRtol, tolerance_scale * kGradAtol, label);
 }
 
 // The seeds' loop (_test_train_parity_2d_mlp, _test_2d_mlp_with_nd_mesh): DDP over the dp group
